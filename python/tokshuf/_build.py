@@ -1,0 +1,144 @@
+"""``build_cache``: the Python face of the Rust builder."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, Optional, Union
+
+from . import _core
+from ._inputs import PathLike, expand_inputs
+from .exceptions import ConfigError
+
+DEFAULT_TOKENIZER = "tiktoken:r50k_base"
+
+
+def _default_memory_limit() -> int:
+    """Half of physical memory: only bounds how many cell ids stage 2 holds at once."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    except (ValueError, OSError, AttributeError):
+        return 4 << 30
+
+
+@dataclass(frozen=True)
+class BuildStats:
+    """What a build produced; ``metadata`` is the whole tokshuf.json."""
+
+    output: str
+    num_chunks: int
+    num_contexts: int
+    num_documents: int
+    num_tokens: int
+    seconds: float
+    metadata: Dict[str, Any] = field(repr=False)
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.metadata.get("text_bytes", 0) / 1e6 / max(self.seconds, 1e-9)
+
+    def summary(self) -> str:
+        m = self.metadata
+        build = m.get("build", {})
+        lines = [
+            f"tokshuf: {self.output} ({m['status']})",
+            f"  tokenizer   {m['tokenizer']['spec']} [{m['tokenizer']['backend']}], vocab {m['tokenizer']['vocab_size']}, {m['dtype']}",
+            f"  documents   {self.num_documents:,} ({m.get('empty_documents', 0):,} empty, {m.get('blank_lines', 0):,} blank lines)",
+            f"  tokens      {self.num_tokens:,} in {self.num_contexts:,} contexts of {m['seqlen']} "
+            f"({m.get('num_padding_tokens', 0):,} padding, {m.get('dropped_tokens', 0):,} dropped)",
+            f"  chunks      {self.num_chunks:,} of {m['chunk_size']} ({m['format']}), {m.get('bytes_out', 0) / 1e6:,.1f} MB",
+            f"  time        {self.seconds:.2f} s on {build.get('threads')} threads, "
+            f"{self.mb_per_s:.1f} MB/s of text, {self.num_tokens / max(self.seconds, 1e-9) / 1e6:.2f} Mtok/s",
+        ]
+        for stage, secs in build.get("durations", {}).items():
+            lines.append(f"    {stage:<12}{secs:.2f}")
+        if build.get("peak_rss_bytes"):
+            lines.append(f"  peak RSS    {build['peak_rss_bytes'] / 2**20:,.0f} MiB")
+        for reason, n in m.get("skipped", {}).items():
+            lines.append(f"  skipped     {n:,} lines: {reason}")
+            for ex in m.get("skipped_examples", {}).get(reason, [])[:3]:
+                lines.append(f"                {ex}")
+        return "\n".join(lines)
+
+
+def build_cache(
+    inputs: Union[PathLike, Iterable[PathLike]],
+    output: PathLike,
+    *,
+    tokenizer: str = DEFAULT_TOKENIZER,
+    seqlen: int = 2049,
+    chunk_size: int = 8192,
+    num_local_cells: Optional[int] = None,
+    local_cell_dir: Optional[PathLike] = None,
+    seed: int = 0,
+    threads: Optional[int] = None,
+    text_key: str = "text",
+    format: str = "npy",
+    tail: str = "stitch",
+    eot_id: Optional[int] = None,
+    pad_id: Optional[int] = None,
+    bos: bool = False,
+    bos_id: Optional[int] = None,
+    allow_special_tokens: bool = False,
+    shuffle: bool = True,
+    memory_limit: Optional[int] = None,
+    errors: str = "raise",
+    progress: bool = True,
+    overwrite: bool = False,
+) -> BuildStats:
+    """Tokenize jsonl corpora into a shuffled WebDataset cache (see README and DESIGN.md).
+
+    Running the same call again resumes an interrupted build, or returns at once if the cache
+    is complete. ``threads``, ``memory_limit``, ``local_cell_dir`` and ``progress`` never
+    change the output; every other argument does.
+    """
+    for name, value in (("seqlen", seqlen), ("chunk_size", chunk_size)):
+        if not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name} must be a positive integer, not {value!r}")
+    if num_local_cells is not None and num_local_cells < 1:
+        raise ConfigError(f"num_local_cells must be positive, not {num_local_cells!r}")
+    if threads is not None and threads < 1:
+        raise ConfigError(f"threads must be positive, not {threads!r}")
+    if not 0 <= seed < 2**64:
+        raise ConfigError(f"seed must be in [0, 2**64), not {seed!r}")
+    files = expand_inputs(inputs)
+    meta = json.loads(
+        _core.build_cache(
+            files,
+            os.fspath(output),
+            tokenizer,
+            seqlen,
+            chunk_size,
+            num_local_cells,
+            None if local_cell_dir is None else os.fspath(local_cell_dir),
+            seed,
+            threads or 0,
+            text_key,
+            format,
+            tail,
+            eot_id,
+            pad_id,
+            bos,
+            bos_id,
+            allow_special_tokens,
+            shuffle,
+            memory_limit or _default_memory_limit(),
+            errors,
+            progress,
+            overwrite,
+        )
+    )
+    stats = BuildStats(
+        output=os.fspath(output),
+        num_chunks=meta["num_chunks"],
+        num_contexts=meta["num_contexts"],
+        num_documents=meta["num_documents"],
+        num_tokens=meta["num_tokens"],
+        seconds=meta["build"]["total_s"],
+        metadata=meta,
+    )
+    if progress and sys.stderr.isatty():
+        print(stats.summary(), file=sys.stderr)
+    return stats

@@ -1,0 +1,61 @@
+"""Every expected failure of tokshuf is one of these, all under :class:`TokshufError`.
+
+They also subclass the built-in exception a caller would naturally catch (``ValueError`` for bad
+values and data, ``OSError`` and friends for the file system), so generic handlers keep working.
+"""
+
+from __future__ import annotations
+
+
+class TokshufError(Exception):
+    """Base class of all tokshuf errors."""
+
+
+class ConfigError(TokshufError, ValueError):
+    """Options that are invalid or do not fit together."""
+
+
+class InputError(TokshufError, ValueError):
+    """An input line or stream that cannot be used; the message names file, line and reason."""
+
+
+class InputNotFoundError(TokshufError, FileNotFoundError):
+    """An input path (or a match for a directory or glob) that does not exist."""
+
+
+class TokshufIOError(TokshufError, OSError):
+    """The operating system refused a read or write (permissions, I/O error...)."""
+
+
+class DiskFullError(TokshufIOError):
+    """No space left on a device. Free space and run the same build again to resume."""
+
+
+class TokenizerError(TokshufError, ValueError):
+    """The tokenizer cannot be found, loaded or used as asked."""
+
+
+class CacheCorruptError(TokshufError, ValueError):
+    """A cache on disk does not match its metadata (missing, truncated or altered files)."""
+
+
+class OutputExistsError(TokshufError, FileExistsError):
+    """The output folder holds something a build must not overwrite or resume."""
+
+
+class StateMismatchError(TokshufError, ValueError):
+    """A reader state from another cache or other order options."""
+
+
+__all__ = [
+    "TokshufError",
+    "ConfigError",
+    "InputError",
+    "InputNotFoundError",
+    "TokshufIOError",
+    "DiskFullError",
+    "TokenizerError",
+    "CacheCorruptError",
+    "OutputExistsError",
+    "StateMismatchError",
+]

@@ -1,0 +1,89 @@
+//! One error type for the whole core. Each variant maps to one Python exception class
+//! (see `kind()`), so the bindings never have to parse messages.
+
+use std::path::{Path, PathBuf};
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An input line (or the stream around it) that cannot be used.
+    #[error("{path}:{line}: {reason}")]
+    BadInput { path: PathBuf, line: u64, reason: String, kind: SkipReason },
+    /// Operating-system level failure on a path (not found, permission, disk full...).
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    /// Options that do not make sense together, or a value out of range.
+    #[error("{0}")]
+    Config(String),
+    /// The tokenizer cannot be found, loaded or used as asked.
+    #[error("{0}")]
+    Tokenizer(String),
+    /// A cache on disk is not what its metadata says (truncated, altered, crafted).
+    #[error("{path}: {reason}")]
+    Corrupt { path: PathBuf, reason: String },
+    /// The output folder holds something this build must not overwrite or resume.
+    #[error("{0}")]
+    OutputExists(String),
+    /// The caller asked to stop (Ctrl-C).
+    #[error("interrupted")]
+    Interrupted,
+}
+
+impl Error {
+    pub fn io(path: impl AsRef<Path>, source: std::io::Error) -> Self {
+        Error::Io { path: path.as_ref().to_path_buf(), source }
+    }
+    pub fn corrupt(path: impl AsRef<Path>, reason: impl Into<String>) -> Self {
+        Error::Corrupt { path: path.as_ref().to_path_buf(), reason: reason.into() }
+    }
+    /// The name of the Python exception class this error becomes.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::BadInput { .. } => "InputError",
+            Error::Io { source, .. } => match source.kind() {
+                std::io::ErrorKind::NotFound => "InputNotFoundError",
+                std::io::ErrorKind::StorageFull => "DiskFullError",
+                _ if source.raw_os_error() == Some(28) => "DiskFullError",
+                _ => "TokshufIOError",
+            },
+            Error::Config(_) => "ConfigError",
+            Error::Tokenizer(_) => "TokenizerError",
+            Error::Corrupt { .. } => "CacheCorruptError",
+            Error::OutputExists(_) => "OutputExistsError",
+            Error::Interrupted => "KeyboardInterrupt",
+        }
+    }
+}
+
+/// Why an input line was skipped (or, under `errors="raise"`, why the build stopped).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SkipReason {
+    InvalidJson,
+    NotAnObject,
+    MissingText,
+    TextNotString,
+    InvalidUtf8,
+    CorruptStream,
+}
+
+impl SkipReason {
+    pub const ALL: [SkipReason; 6] = [
+        SkipReason::InvalidJson,
+        SkipReason::NotAnObject,
+        SkipReason::MissingText,
+        SkipReason::TextNotString,
+        SkipReason::InvalidUtf8,
+        SkipReason::CorruptStream,
+    ];
+    pub fn name(self) -> &'static str {
+        match self {
+            SkipReason::InvalidJson => "invalid_json",
+            SkipReason::NotAnObject => "not_an_object",
+            SkipReason::MissingText => "missing_text",
+            SkipReason::TextNotString => "text_not_string",
+            SkipReason::InvalidUtf8 => "invalid_utf8",
+            SkipReason::CorruptStream => "corrupt_stream",
+        }
+    }
+}

@@ -1,0 +1,381 @@
+//! Stage 1: read input files, tokenize, and cut each file's id stream into contexts.
+//!
+//! One reader thread walks the files in order and cuts them into batches of whole lines;
+//! batches are tokenized in parallel on the pool (so one huge file still uses every core);
+//! the calling thread consumes results strictly in (file, batch) order, windows them and
+//! appends the contexts of each file to its own spill file `fNNNNNNNN.ctx` in the work folder.
+//! A file's summary JSON is written after its spill is complete and fsynced: its presence
+//! marks the file as done, so a resumed build never tokenizes it again.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use crossbeam_channel::{bounded, unbounded};
+
+use crate::error::{Error, Result, SkipReason};
+use crate::input::{self, Line, LineBatcher};
+use crate::meta::{self, Dtype, ErrorPolicy, FileSummary, Tail};
+use crate::tokenizer::Encoder;
+
+const BATCH_BYTES: usize = 1 << 20;
+const MAX_EXAMPLES: usize = 5;
+
+/// What every worker needs to turn lines into ids.
+pub struct Stage1Config {
+    pub encoder: Arc<dyn Encoder>,
+    pub text_key: String,
+    pub bos_id: Option<u32>,
+    pub eot_id: u32,
+    pub pad_id: u32,
+    pub seqlen: usize,
+    pub dtype: Dtype,
+    pub tail: Tail,
+    pub errors: ErrorPolicy,
+}
+
+pub fn spill_path(work: &Path, file: usize) -> PathBuf {
+    work.join(format!("f{file:08}.ctx"))
+}
+
+pub fn summary_path(work: &Path, file: usize) -> PathBuf {
+    work.join(format!("f{file:08}.json"))
+}
+
+enum Job {
+    Lines { file: usize, first_line: u64, buf: Vec<u8>, ends: Vec<usize> },
+    StreamError { file: usize, line: u64, error: std::io::Error },
+    FileEnd { file: usize },
+    OpenError { error: Error },
+}
+
+#[derive(Default)]
+struct Tokenized {
+    ids: Vec<u32>,
+    documents: u64,
+    empty: u64,
+    blank: u64,
+    text_bytes: u64,
+    skipped: Vec<(SkipReason, u64, String)>,
+}
+
+enum Done {
+    Lines { file: usize, out: std::result::Result<Tokenized, Error> },
+    Passthrough(Job),
+}
+
+/// Tokenize `files` (indices into `paths`, ascending) and write their spills into `work`.
+/// `on_file` is called after each file is durably done.
+pub fn run(
+    cfg: &Arc<Stage1Config>,
+    paths: &[PathBuf],
+    files: &[usize],
+    work: &Path,
+    pool: &Arc<rayon::ThreadPool>,
+    cancel: &Arc<AtomicBool>,
+    mut on_file: impl FnMut(usize, &FileSummary, u64),
+) -> Result<()> {
+    if files.is_empty() {
+        return Ok(());
+    }
+    let in_flight = (pool.current_num_threads() * 3).max(4);
+    let (slot_tx, slot_rx) = bounded::<()>(in_flight); // bounds batches in flight
+    let (done_tx, done_rx) = unbounded::<(u64, Done)>();
+    let stop = Arc::new(AtomicBool::new(false));
+
+    let reader = {
+        let paths: Vec<(usize, PathBuf)> = files.iter().map(|&f| (f, paths[f].clone())).collect();
+        let (cfg, stop, cancel) = (cfg.clone(), stop.clone(), cancel.clone());
+        let pool = pool.clone();
+        std::thread::Builder::new()
+            .name("tokshuf-reader".into())
+            .spawn(move || {
+                let mut seq = 0u64;
+                let mut emit = |job: Job| -> bool {
+                    if stop.load(Ordering::Relaxed) || cancel.load(Ordering::Relaxed) || slot_tx.send(()).is_err() {
+                        return false;
+                    }
+                    let s = seq;
+                    seq += 1;
+                    match job {
+                        Job::Lines { file, first_line, buf, ends } => {
+                            let (cfg, tx, stop) = (cfg.clone(), done_tx.clone(), stop.clone());
+                            let path = paths.iter().find(|(f, _)| *f == file).map(|(_, p)| p.clone()).unwrap_or_default();
+                            pool.spawn(move || {
+                                let out = if stop.load(Ordering::Relaxed) {
+                                    Ok(Tokenized::default())
+                                } else {
+                                    tokenize_batch(&cfg, &path, first_line, &buf, &ends)
+                                };
+                                let _ = tx.send((s, Done::Lines { file, out }));
+                            });
+                        }
+                        other => {
+                            let _ = done_tx.send((s, Done::Passthrough(other)));
+                        }
+                    }
+                    true
+                };
+                for (file, path) in &paths {
+                    let reader = match input::open(path) {
+                        Ok(r) => r,
+                        Err(error) => {
+                            emit(Job::OpenError { error });
+                            return;
+                        }
+                    };
+                    let mut lines = LineBatcher::new(reader);
+                    loop {
+                        let (mut buf, mut ends) = (Vec::with_capacity(BATCH_BYTES + 4096), Vec::new());
+                        let first_line = lines.next_line;
+                        match lines.fill(&mut buf, &mut ends, BATCH_BYTES) {
+                            Ok(true) => {
+                                if !emit(Job::Lines { file: *file, first_line, buf, ends }) {
+                                    return;
+                                }
+                            }
+                            Ok(false) => break,
+                            Err(error) => {
+                                // Lines read before the failure in this batch are still good.
+                                let line = lines.next_line;
+                                if !ends.is_empty() && !emit(Job::Lines { file: *file, first_line, buf, ends }) {
+                                    return;
+                                }
+                                if !emit(Job::StreamError { file: *file, line, error }) {
+                                    return;
+                                }
+                                break;
+                            }
+                        }
+                    }
+                    if !emit(Job::FileEnd { file: *file }) {
+                        return;
+                    }
+                }
+            })
+            .map_err(|e| Error::Config(format!("cannot start reader thread: {e}")))?
+    };
+
+    let result = consume(cfg, paths, work, &done_rx, &slot_rx, cancel, &mut on_file, files.len());
+    stop.store(true, Ordering::Relaxed);
+    drop(slot_rx); // unblocks the reader if it waits for a slot
+    let _ = reader.join();
+    // Every task holds a sender: draining until all are gone means none outlives this call.
+    while done_rx.recv().is_ok() {}
+    result
+}
+
+#[allow(clippy::too_many_arguments)]
+fn consume(
+    cfg: &Stage1Config,
+    paths: &[PathBuf],
+    work: &Path,
+    done_rx: &crossbeam_channel::Receiver<(u64, Done)>,
+    slot_rx: &crossbeam_channel::Receiver<()>,
+    cancel: &AtomicBool,
+    on_file: &mut impl FnMut(usize, &FileSummary, u64),
+    mut files_left: usize,
+) -> Result<()> {
+    let mut pending: BTreeMap<u64, Done> = BTreeMap::new();
+    let mut next = 0u64;
+    let mut current: Option<(usize, FileWriter)> = None;
+    while files_left > 0 {
+        if cancel.load(Ordering::Relaxed) {
+            return Err(Error::Interrupted);
+        }
+        let (seq, done) = match done_rx.recv_timeout(std::time::Duration::from_millis(100)) {
+            Ok(v) => v,
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => continue,
+            Err(_) => return Err(Error::Config("stage 1 workers stopped unexpectedly".into())),
+        };
+        pending.insert(seq, done);
+        while let Some(done) = pending.remove(&next) {
+            next += 1;
+            let _ = slot_rx.try_recv();
+            let file = match &done {
+                Done::Lines { file, .. } => *file,
+                Done::Passthrough(Job::Lines { file, .. } | Job::StreamError { file, .. } | Job::FileEnd { file }) => *file,
+                Done::Passthrough(Job::OpenError { .. }) => usize::MAX,
+            };
+            if file != usize::MAX && current.as_ref().map(|c| c.0) != Some(file) {
+                current = Some((file, FileWriter::create(cfg, &spill_path(work, file))?));
+            }
+            match done {
+                Done::Passthrough(Job::OpenError { error }) => return Err(error),
+                Done::Lines { out, .. } => {
+                    let t = out?;
+                    let (_, w) = current.as_mut().expect("set above");
+                    w.absorb(cfg, &paths[file], t)?;
+                }
+                Done::Passthrough(Job::StreamError { line, error, .. }) => {
+                    let (_, w) = current.as_mut().expect("set above");
+                    let reason = format!("cannot decompress or read: {error}");
+                    match cfg.errors {
+                        ErrorPolicy::Raise => {
+                            return Err(Error::BadInput {
+                                path: paths[file].clone(),
+                                line,
+                                reason,
+                                kind: SkipReason::CorruptStream,
+                            })
+                        }
+                        ErrorPolicy::Skip => w.skip(&paths[file], SkipReason::CorruptStream, line, &reason),
+                    }
+                }
+                Done::Passthrough(Job::FileEnd { .. }) => {
+                    let (_, w) = current.take().expect("set above");
+                    let (summary, spill_bytes) = w.finish(cfg, cfg.tail, work, file)?;
+                    on_file(file, &summary, spill_bytes);
+                    files_left -= 1;
+                }
+                Done::Passthrough(Job::Lines { .. }) => unreachable!("lines are always tokenized"),
+            }
+        }
+    }
+    Ok(())
+}
+
+fn tokenize_batch(cfg: &Stage1Config, path: &Path, first_line: u64, buf: &[u8], ends: &[usize]) -> Result<Tokenized> {
+    let mut t = Tokenized { ids: Vec::with_capacity(buf.len() / 3), ..Default::default() };
+    let mut start = 0;
+    for (i, &end) in ends.iter().enumerate() {
+        let raw = &buf[start..end];
+        start = end;
+        let raw = raw.strip_suffix(b"\n").unwrap_or(raw);
+        let line_no = first_line + i as u64;
+        match input::parse_line(raw, &cfg.text_key) {
+            Line::Blank => t.blank += 1,
+            Line::Bad(kind, reason) => match cfg.errors {
+                ErrorPolicy::Raise => return Err(Error::BadInput { path: path.to_path_buf(), line: line_no, reason, kind }),
+                ErrorPolicy::Skip => t.skipped.push((kind, line_no, reason)),
+            },
+            Line::Text(text) if text.is_empty() => t.empty += 1,
+            Line::Text(text) => {
+                t.documents += 1;
+                t.text_bytes += text.len() as u64;
+                t.ids.extend(cfg.bos_id);
+                cfg.encoder.encode_into(&text, &mut t.ids).map_err(|reason| Error::BadInput {
+                    path: path.to_path_buf(),
+                    line: line_no,
+                    reason,
+                    kind: SkipReason::InvalidUtf8,
+                })?;
+                t.ids.push(cfg.eot_id);
+            }
+        }
+    }
+    Ok(t)
+}
+
+/// Cuts one file's id stream into contexts and appends them to its spill.
+struct FileWriter {
+    out: BufWriter<File>,
+    tmp: PathBuf,
+    cur: Vec<u32>,
+    bytes: Vec<u8>,
+    summary: FileSummary,
+}
+
+impl FileWriter {
+    fn create(cfg: &Stage1Config, path: &Path) -> Result<Self> {
+        let tmp = meta::tmp_name(path);
+        let f = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+        Ok(FileWriter {
+            out: BufWriter::with_capacity(1 << 20, f),
+            tmp,
+            cur: Vec::with_capacity(cfg.seqlen),
+            bytes: Vec::new(),
+            summary: FileSummary::default(),
+        })
+    }
+
+    fn skip(&mut self, path: &Path, kind: SkipReason, line: u64, reason: &str) {
+        *self.summary.skipped.entry(kind.name().to_string()).or_default() += 1;
+        let ex = self.summary.skipped_examples.entry(kind.name().to_string()).or_default();
+        if ex.len() < MAX_EXAMPLES {
+            ex.push(format!("{}:{line}: {reason}", path.display()));
+        }
+    }
+
+    fn absorb(&mut self, cfg: &Stage1Config, path: &Path, t: Tokenized) -> Result<()> {
+        for (kind, line, reason) in &t.skipped {
+            self.skip(path, *kind, *line, reason);
+        }
+        let s = &mut self.summary;
+        s.num_documents += t.documents;
+        s.empty_documents += t.empty;
+        s.blank_lines += t.blank;
+        s.text_bytes += t.text_bytes;
+        s.num_tokens += t.ids.len() as u64;
+        let mut ids = &t.ids[..];
+        while !ids.is_empty() {
+            let take = (cfg.seqlen - self.cur.len()).min(ids.len());
+            if self.cur.is_empty() && take == cfg.seqlen {
+                self.write_context(cfg, &ids[..take])?;
+            } else {
+                self.cur.extend_from_slice(&ids[..take]);
+                if self.cur.len() == cfg.seqlen {
+                    let ctx = std::mem::take(&mut self.cur);
+                    self.write_context(cfg, &ctx)?;
+                    self.cur = ctx;
+                    self.cur.clear();
+                }
+            }
+            ids = &ids[take..];
+        }
+        Ok(())
+    }
+
+    fn write_context(&mut self, cfg: &Stage1Config, ids: &[u32]) -> Result<()> {
+        encode_ids(cfg.dtype, ids, &mut self.bytes);
+        self.out.write_all(&self.bytes).map_err(|e| Error::io(&self.tmp, e))?;
+        self.summary.num_contexts += 1;
+        Ok(())
+    }
+
+    fn finish(mut self, cfg: &Stage1Config, tail_policy: Tail, work: &Path, file: usize) -> Result<(FileSummary, u64)> {
+        let tail = std::mem::take(&mut self.cur);
+        match tail_policy {
+            Tail::Stitch => self.summary.tail = tail,
+            Tail::Drop => {
+                self.summary.dropped_tokens = tail.len() as u64;
+                self.summary.num_tokens -= tail.len() as u64;
+            }
+            Tail::Pad if !tail.is_empty() => {
+                let pad = cfg.seqlen - tail.len();
+                let mut ctx = tail;
+                ctx.resize(cfg.seqlen, cfg.pad_id);
+                let pos = self.summary.num_contexts;
+                self.write_context(cfg, &ctx)?;
+                self.summary.padded.push((pos, pad as u32));
+            }
+            Tail::Pad => {}
+        }
+        let f = self.out.into_inner().map_err(|e| Error::io(&self.tmp, e.into_error()))?;
+        f.sync_all().map_err(|e| Error::io(&self.tmp, e))?;
+        let spill_bytes = f.metadata().map(|m| m.len()).unwrap_or(0);
+        let path = spill_path(work, file);
+        std::fs::rename(&self.tmp, &path).map_err(|e| Error::io(&path, e))?;
+        meta::write_atomic(&summary_path(work, file), &meta::to_json_bytes(&self.summary))?;
+        Ok((self.summary, spill_bytes))
+    }
+}
+
+/// Window an already-known id stream (the stitched tails) into a spill, padding the last one.
+pub fn write_stitched(cfg: &Stage1Config, work: &Path, file: usize, ids: &[u32]) -> Result<FileSummary> {
+    let mut w = FileWriter::create(cfg, &spill_path(work, file))?;
+    w.absorb(cfg, Path::new(""), Tokenized { ids: ids.to_vec(), ..Default::default() })?;
+    let (s, _) = w.finish(cfg, Tail::Pad, work, file)?;
+    Ok(s)
+}
+
+pub fn encode_ids(dtype: Dtype, ids: &[u32], out: &mut Vec<u8>) {
+    out.clear();
+    match dtype {
+        Dtype::Uint16 => out.extend(ids.iter().flat_map(|&i| (i as u16).to_le_bytes())),
+        Dtype::Uint32 => out.extend(ids.iter().flat_map(|&i| i.to_le_bytes())),
+    }
+}
