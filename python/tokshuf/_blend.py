@@ -208,7 +208,8 @@ class Blend:
     def weights(self) -> List[float]:
         return [c.weight for c in self.components]
 
-    def __len__(self) -> int:
+    @property
+    def num_components(self) -> int:
         return len(self.components)
 
     def locate(self, m: int, *, single_pass: bool = False) -> Tuple[int, int]:

@@ -18,6 +18,9 @@ pub struct BlendSchedule {
     weights: Vec<f64>,
 }
 
+/// (datasets, example indices) of a batch of blended indices.
+type Located<'py> = (Bound<'py, PyArray1<u32>>, Bound<'py, PyArray1<u64>>);
+
 fn contiguous<'a, T: numpy::Element>(a: &'a PyReadonlyArray1<'_, T>, what: &str) -> PyResult<&'a [T]> {
     a.as_slice()
         .map_err(|_| Python::attach(|py| to_pyerr(py, Error::Config(format!("{what} must be a contiguous 1-D array")))))
@@ -116,7 +119,7 @@ impl BlendSchedule {
         py: Python<'py>,
         ms: PyReadonlyArray1<'py, u64>,
         sizes: Option<PyReadonlyArray1<'py, u64>>,
-    ) -> PyResult<(Bound<'py, PyArray1<u32>>, Bound<'py, PyArray1<u64>>)> {
+    ) -> PyResult<Located<'py>> {
         let ms = contiguous(&ms, "ms")?;
         let sizes = match &sizes {
             Some(s) => {
