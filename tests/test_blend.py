@@ -293,20 +293,23 @@ def test_cache_object_is_accepted(tmp_path):
             self.path = path
             self.meta = json.loads((path / "tokshuf.json").read_text())
 
-    a = fake_cache(tmp_path, "a", 3)
-    b = tokshuf.Blend([(FakeCache(a), 1), (a, 1)])
-    assert b.components[0].path == a and b.sizes.tolist() == [3, 3]
+    a, c = fake_cache(tmp_path, "a", 3), fake_cache(tmp_path, "c", 4)
+    b = tokshuf.Blend([(FakeCache(a), 1), (c, 1)])
+    assert b.components[0].path == a and b.sizes.tolist() == [3, 4]
+    with pytest.warns(UserWarning, match="listed twice"):
+        tokshuf.Blend([(FakeCache(a), 1), (c, 1), (str(a), 2)])
 
 
 def test_real_cache(small_corpus, tmp_path):
     out = tmp_path / "cache"
     tokshuf.build_cache(small_corpus, out, seqlen=32, chunk_size=16, threads=1, progress=False)
     meta = json.loads((out / "tokshuf.json").read_text())
-    other = fake_cache(tmp_path, "other", 5, seqlen=32, dtype=meta["dtype"], tokenizer=meta["tokenizer"])
+    same = {k: meta[k] for k in ("seqlen", "dtype", "tokenizer", "eot_id", "pad_id")}
+    other = fake_cache(tmp_path, "other", 5, **same)
     b = tokshuf.Blend([(out, 1), (other, 1)])
-    assert b.sizes.tolist() == [meta["num_contexts"], 5]
-    wrong = fake_cache(tmp_path, "wrong_tok", 5, seqlen=32, dtype=meta["dtype"],
-                       tokenizer={**meta["tokenizer"], "sha256": "00" * 32, "spec": "other.json"})
+    assert b.sizes.tolist() == [meta["num_contexts"], 5] and b.eot_id == meta["eot_id"] == 50256
+    other_tok = {**meta["tokenizer"], "sha256": "00" * 32, "spec": "other.json"}
+    wrong = fake_cache(tmp_path, "wrong_tok", 5, **{**same, "tokenizer": other_tok})
     with pytest.raises(tokshuf.ConfigError, match="tokenizer.*other.json"):
         tokshuf.Blend([(out, 1), (wrong, 1)])
 
@@ -324,6 +327,7 @@ def test_real_cache(small_corpus, tmp_path):
         ("seqlen", "seqlen 64 vs 128"),
         ("tokenizer", "tokenizer 'tiktoken:r50k_base' vs 'x.json'"),
         ("dtype", "dtype uint16 vs uint32"),
+        ("eot", "eot_id 0 vs 7"),
         ("empty", "no examples"),
         ("quantum", "smaller than the number of caches"),
         ("pair", "pair"),
@@ -344,10 +348,13 @@ def test_config_errors(tmp_path, bad, match):
         comps = [(a, 1), (fake_cache(tmp_path, "b", 10, tokenizer={**TOK, "sha256": "cd" * 32, "spec": "x.json"}), 1)]
     elif bad == "dtype":
         comps = [(a, 1), (fake_cache(tmp_path, "b", 10, dtype="uint32"), 1)]
+    elif bad == "eot":
+        comps = [(fake_cache(tmp_path, "b", 10, eot_id=0), 1), (fake_cache(tmp_path, "c", 10, eot_id=7), 1)]
     elif bad == "empty":
         comps = [(a, 1), (fake_cache(tmp_path, "b", 0), 1)]
     elif bad == "quantum":
-        comps, kwargs = [(a, 1), (a, 1), (a, 1)], {"quantum": 2}
+        comps = [(a, 1), (fake_cache(tmp_path, "b", 1), 1), (fake_cache(tmp_path, "c", 1), 1)]
+        kwargs = {"quantum": 2}
     elif bad == "pair":
         comps = [(a, 1, 2)]
     else:

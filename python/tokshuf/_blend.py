@@ -115,8 +115,24 @@ def _check_compatible(components: Sequence[BlendComponent]) -> None:
         elif first.meta["dtype"] != c.meta["dtype"]:
             detail = f"dtype {first.meta['dtype']} vs {c.meta['dtype']}"
         else:
-            continue
+            # Training code masks padding and splits documents by one id each.
+            for key in ("eot_id", "pad_id"):
+                if first.meta.get(key) != c.meta.get(key):
+                    detail = f"{key} {first.meta.get(key)} vs {c.meta.get(key)}"
+                    break
+            else:
+                continue
         raise ConfigError(f"cannot blend {first.path} and {c.path}: {detail}")
+    seen: Dict[Path, int] = {}
+    for k, c in enumerate(components):
+        key = c.path.resolve()
+        if key in seen:
+            warnings.warn(
+                f"blend: {c.path} is listed twice (components {seen[key]} and {k}); both read it in "
+                "the same order, so its examples repeat early. List it once with the summed weight.",
+                stacklevel=3,
+            )
+        seen.setdefault(key, k)
 
 
 def _cache_identity(meta: Mapping[str, Any]) -> str:
@@ -130,8 +146,8 @@ class Blend:
 
     Args:
         components: ``(cache_or_path, weight)`` pairs (or a mapping path -> weight). Weights are
-            any positive numbers; they are normalised. All caches must share seqlen, tokenizer
-            and dtype.
+            any positive numbers; they are normalised. All caches must share seqlen, tokenizer,
+            dtype, EOT and padding ids.
         seed: order seed handed to every component (how each orders its own examples, DESIGN
             §6). The schedule itself has no randomness.
         quantum: period D of the schedule. Each component gets ``q_i ~= D * w_i / sum(w)``
@@ -179,6 +195,8 @@ class Blend:
         self.seqlen: int = int(first["seqlen"])
         self.dtype: np.dtype = np.dtype(first["dtype"])
         self.tokenizer: Any = first["tokenizer"]
+        self.eot_id: Optional[int] = first.get("eot_id")
+        self.pad_id: Optional[int] = first.get("pad_id")
         if self.raised:
             names = ", ".join(str(comps[k].path) for k in self.raised[:5])
             more = f" and {len(self.raised) - 5} more" if len(self.raised) > 5 else ""
