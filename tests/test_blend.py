@@ -384,6 +384,11 @@ def test_cache_errors(tmp_path):
         b.locate_many(np.array([0.5]))
     with pytest.raises(tokshuf.ConfigError):
         BlendSchedule([1.0, 2.0], 2**31)
+    s = BlendSchedule([1.0, 1000.0], 1024)
+    with pytest.raises(tokshuf.ConfigError, match="not in a blend"):
+        s.position(2, 0)
+    with pytest.raises(tokshuf.ConfigError, match="beyond"):
+        s.position(0, 2**64 - 1)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,9 +21,12 @@ pub struct BlendSchedule {
 /// (datasets, example indices) of a batch of blended indices.
 type Located<'py> = (Bound<'py, PyArray1<u32>>, Bound<'py, PyArray1<u64>>);
 
+fn config_err(py: Python<'_>, msg: String) -> PyErr {
+    to_pyerr(py, Error::Config(msg))
+}
+
 fn contiguous<'a, T: numpy::Element>(a: &'a PyReadonlyArray1<'_, T>, what: &str) -> PyResult<&'a [T]> {
-    a.as_slice()
-        .map_err(|_| Python::attach(|py| to_pyerr(py, Error::Config(format!("{what} must be a contiguous 1-D array")))))
+    a.as_slice().map_err(|_| Python::attach(|py| config_err(py, format!("{what} must be a contiguous 1-D array"))))
 }
 
 #[pymethods]
@@ -149,11 +152,12 @@ impl BlendSchedule {
     /// Inverse of `locate`: the blended index at which dataset k's example e is drawn.
     fn position(&self, py: Python<'_>, k: usize, e: u64) -> PyResult<u64> {
         if k >= self.inner.num_datasets() {
-            return Err(to_pyerr(py, Error::Config(format!("dataset {k} is not in a blend of {}", self.inner.num_datasets()))));
+            let n = self.inner.num_datasets();
+            return Err(config_err(py, format!("dataset {k} is not in a blend of {n}")));
         }
         self.inner
             .position(k, e)
-            .ok_or_else(|| to_pyerr(py, Error::Config(format!("example {e} of dataset {k} is beyond 2**64 blended examples"))))
+            .ok_or_else(|| config_err(py, format!("example {e} of dataset {k} is beyond 2**64 blended examples")))
     }
 
     /// Draws of each dataset among blended examples 0..m.
