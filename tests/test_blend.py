@@ -374,7 +374,11 @@ def test_cache_errors(tmp_path):
     (broken / "tokshuf.json").write_text("{not json")
     with pytest.raises(tokshuf.CacheCorruptError, match="not valid JSON"):
         tokshuf.Blend([(broken, 1)])
-    b = tokshuf.Blend([(fake_cache(tmp_path, "ok", 4), 1)])
+    ok = fake_cache(tmp_path, "ok", 4)
+    for q in (0, 2**70, 1.5):
+        with pytest.raises(tokshuf.ConfigError, match="quantum"):
+            tokshuf.Blend([(ok, 1)], quantum=q)
+    b = tokshuf.Blend([(ok, 1)])
     for bad in (-1, 2**64, 1.5):
         with pytest.raises(tokshuf.ConfigError):
             b.locate(bad)

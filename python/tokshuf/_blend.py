@@ -26,6 +26,7 @@ from ._core import BlendSchedule
 from .exceptions import CacheCorruptError, ConfigError, InputNotFoundError
 
 DEFAULT_QUANTUM = 1 << 16
+MAX_QUANTUM = 1 << 30  # the core's bound: 12 bytes per draw
 
 
 @dataclass(frozen=True)
@@ -182,6 +183,8 @@ class Blend:
             raise ConfigError(f"seed must be an integer in [0, 2**64), not {seed!r}")
         if isinstance(quantum, bool) or not isinstance(quantum, numbers.Integral):
             raise ConfigError(f"quantum must be an integer, not {quantum!r}")
+        if not 1 <= quantum <= MAX_QUANTUM:
+            raise ConfigError(f"quantum must be in 1..{MAX_QUANTUM}, not {quantum}")
         if quantum < len(comps):
             raise ConfigError(
                 f"quantum {quantum} is smaller than the number of caches ({len(comps)}): every cache "
