@@ -380,7 +380,7 @@ class BlendDescription:
             lines.append(cells)
         widths = [max(len(x) for x in col) for col in zip(head, *lines)]
         fmt = lambda cells: "  ".join(  # noqa: E731
-            c.ljust(w) if i == len(cells) - 1 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))
+            c if i == len(cells) - 1 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))
         )
         out = [fmt(head)] + [fmt(c) for c in lines]
         out.append(
