@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ._blend import Blend
 from ._build import DEFAULT_TOKENIZER, BuildStats, build_cache
 from ._core import Tokenizer, __version__
 from .exceptions import (
@@ -20,6 +21,7 @@ from .exceptions import (
 __all__ = [
     "__version__",
     "build_cache",
+    "Blend",
     "BuildStats",
     "DEFAULT_TOKENIZER",
     "Tokenizer",

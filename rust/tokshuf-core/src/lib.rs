@@ -11,6 +11,7 @@
 //! - Errors: one `Error` enum whose variants map to Python exception classes; bad input is
 //!   an error with file and line, never a panic.
 
+pub mod blend;
 pub mod bpe;
 pub mod build;
 pub mod error;

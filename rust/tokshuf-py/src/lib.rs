@@ -2,6 +2,8 @@
 //! heavy work with the GIL released (checking for Ctrl-C while it waits), and turns core
 //! errors into the exception classes of `tokshuf.exceptions`. No logic of its own.
 
+mod blend;
+
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -215,5 +217,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(build_cache, m)?)?;
     m.add_class::<Tokenizer>()?;
+    blend::register(m)?;
     Ok(())
 }

@@ -1,0 +1,178 @@
+//! Bindings of `tokshuf_core::blend`: the `BlendSchedule` class (periodic weighted schedule,
+//! O(1) lookup of blended examples). `tokshuf.Blend` in Python wraps it.
+
+use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1};
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+
+use tokshuf_core::blend::Schedule;
+use tokshuf_core::Error;
+
+use crate::to_pyerr;
+
+/// One period of a weighted blend (DESIGN §7). `weights` are positive numbers (normalised
+/// here); `quantum` is the period D. Immutable and cheap to share between threads.
+#[pyclass(frozen, module = "tokshuf._core")]
+pub struct BlendSchedule {
+    inner: Schedule,
+    weights: Vec<f64>,
+}
+
+/// (datasets, example indices) of a batch of blended indices.
+type Located<'py> = (Bound<'py, PyArray1<u32>>, Bound<'py, PyArray1<u64>>);
+
+fn config_err(py: Python<'_>, msg: String) -> PyErr {
+    to_pyerr(py, Error::Config(msg))
+}
+
+fn contiguous<'a, T: numpy::Element>(a: &'a PyReadonlyArray1<'_, T>, what: &str) -> PyResult<&'a [T]> {
+    a.as_slice().map_err(|_| Python::attach(|py| config_err(py, format!("{what} must be a contiguous 1-D array"))))
+}
+
+#[pymethods]
+impl BlendSchedule {
+    #[new]
+    #[pyo3(signature = (weights, quantum=tokshuf_core::blend::DEFAULT_QUANTUM))]
+    fn new(py: Python<'_>, weights: Vec<f64>, quantum: u64) -> PyResult<Self> {
+        let w = weights.clone();
+        let inner = py.detach(move || Schedule::new(&w, quantum)).map_err(|e| to_pyerr(py, e))?;
+        Ok(BlendSchedule { inner, weights })
+    }
+
+    /// Rebuilt from (weights, quantum) when unpickled: the schedule is a pure function of them.
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
+        let py = slf.py();
+        let me = slf.get();
+        let args = (me.weights.clone(), me.inner.quantum()).into_pyobject(py)?;
+        (slf.get_type(), args).into_pyobject(py)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("BlendSchedule(num_datasets={}, quantum={})", self.inner.num_datasets(), self.inner.quantum())
+    }
+
+    #[getter]
+    fn num_datasets(&self) -> usize {
+        self.inner.num_datasets()
+    }
+    #[getter]
+    fn quantum(&self) -> u64 {
+        self.inner.quantum()
+    }
+    /// The weights as given (not normalised).
+    #[getter]
+    fn weights(&self) -> Vec<f64> {
+        self.weights.clone()
+    }
+    /// Integer shares q_i, summing to the quantum.
+    #[getter]
+    fn quanta(&self) -> Vec<u32> {
+        self.inner.quanta().to_vec()
+    }
+    /// Datasets whose share rounded to 0 and were raised to one draw per period.
+    #[getter]
+    fn raised(&self) -> Vec<u32> {
+        self.inner.raised().to_vec()
+    }
+    /// Normalised weights, w_i / sum(w).
+    #[getter]
+    fn requested(&self) -> Vec<f64> {
+        self.inner.requested().to_vec()
+    }
+    /// Share each period delivers, q_i / D.
+    #[getter]
+    fn achieved(&self) -> Vec<f64> {
+        self.inner.achieved()
+    }
+    /// Largest lag j*q_i/D - C_i(j) (samples) over the period; may exceed 1.
+    #[getter]
+    fn max_lag(&self) -> f64 {
+        self.inner.max_lag()
+    }
+    /// Largest lead C_i(j) - j*q_i/D (samples) over the period; always < 1.
+    #[getter]
+    fn max_lead(&self) -> f64 {
+        self.inner.max_lead()
+    }
+
+    /// The whole period as two uint32 arrays: dataset of draw j, and its count before draw j.
+    fn period<'py>(&self, py: Python<'py>) -> (Bound<'py, PyArray1<u32>>, Bound<'py, PyArray1<u32>>) {
+        let (ks, cs) = self.inner.period();
+        (PyArray1::from_slice(py, ks), PyArray1::from_slice(py, cs))
+    }
+
+    /// Blended example m -> (dataset k, example index in k). With `sizes`, the index wraps
+    /// modulo sizes[k] (single pass over finite datasets).
+    #[pyo3(signature = (m, sizes=None))]
+    fn locate(&self, py: Python<'_>, m: u64, sizes: Option<Vec<u64>>) -> PyResult<(usize, u64)> {
+        match sizes {
+            None => Ok(self.inner.locate(m)),
+            Some(s) => {
+                self.inner.check_sizes(&s).map_err(|e| to_pyerr(py, e))?;
+                Ok(self.inner.locate_wrapped(m, &s))
+            }
+        }
+    }
+
+    /// Vectorised `locate`: uint64 array of blended indices -> (uint32 datasets, uint64
+    /// example indices). Runs with the GIL released.
+    #[pyo3(signature = (ms, sizes=None))]
+    fn locate_many<'py>(
+        &self,
+        py: Python<'py>,
+        ms: PyReadonlyArray1<'py, u64>,
+        sizes: Option<PyReadonlyArray1<'py, u64>>,
+    ) -> PyResult<Located<'py>> {
+        let ms = contiguous(&ms, "ms")?;
+        let sizes = match &sizes {
+            Some(s) => {
+                let s = contiguous(s, "sizes")?;
+                self.inner.check_sizes(s).map_err(|e| to_pyerr(py, e))?;
+                Some(s)
+            }
+            None => None,
+        };
+        let inner = &self.inner;
+        let (ks, es) = py.detach(|| {
+            let mut ks = Vec::with_capacity(ms.len());
+            let mut es = Vec::with_capacity(ms.len());
+            for &m in ms {
+                let (k, e) = match sizes {
+                    None => inner.locate(m),
+                    Some(s) => inner.locate_wrapped(m, s),
+                };
+                ks.push(k as u32);
+                es.push(e);
+            }
+            (ks, es)
+        });
+        Ok((ks.into_pyarray(py), es.into_pyarray(py)))
+    }
+
+    /// Inverse of `locate`: the blended index at which dataset k's example e is drawn.
+    fn position(&self, py: Python<'_>, k: usize, e: u64) -> PyResult<u64> {
+        if k >= self.inner.num_datasets() {
+            let n = self.inner.num_datasets();
+            return Err(config_err(py, format!("dataset {k} is not in a blend of {n}")));
+        }
+        self.inner
+            .position(k, e)
+            .ok_or_else(|| config_err(py, format!("example {e} of dataset {k} is beyond 2**64 blended examples")))
+    }
+
+    /// Draws of each dataset among blended examples 0..m.
+    fn counts(&self, py: Python<'_>, m: u64) -> Vec<u64> {
+        let inner = &self.inner;
+        py.detach(|| inner.counts(m))
+    }
+
+    /// Shortest prefix of the blend that draws every example of every dataset at least once.
+    fn cover_length(&self, py: Python<'_>, sizes: Vec<u64>) -> PyResult<u64> {
+        self.inner.cover_length(&sizes).map_err(|e| to_pyerr(py, e))
+    }
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<BlendSchedule>()?;
+    Ok(())
+}
