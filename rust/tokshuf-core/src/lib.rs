@@ -17,6 +17,7 @@ pub mod error;
 pub mod hash;
 pub mod input;
 pub mod meta;
+pub mod order;
 pub mod progress;
 pub mod shard;
 pub mod stage1;
