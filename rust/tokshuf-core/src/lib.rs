@@ -12,6 +12,7 @@
 //!   an error with file and line, never a panic.
 
 pub mod bpe;
+pub mod cache;
 pub mod build;
 pub mod error;
 pub mod hash;
@@ -19,6 +20,7 @@ pub mod input;
 pub mod meta;
 pub mod order;
 pub mod progress;
+pub mod reader;
 pub mod shard;
 pub mod stage1;
 pub mod tokenizer;
