@@ -85,6 +85,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="tokshuf", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_build(sub)
+    from . import _cli_read; _cli_read.add_parser(sub)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -177,6 +177,27 @@ class Reader:
         for batch in self:
             yield shift_targets(batch)
 
+    def _stream(self, first: int, every: int = 1, count: Optional[int] = None) -> Iterator[np.ndarray]:
+        """Batches starting at examples ``first + k * every * batch_size`` for k < ``count``
+        (None: until the end), read ahead on fresh threads; the position is not used or changed."""
+        k = 0
+        end = self._core.end
+        if self._prefetch == 0:
+            while count is None or k < count:
+                at = first + k * every * self._batch_size
+                if end is not None and at >= end:
+                    return
+                yield self._core.batch(at)
+                k += 1
+            return
+        pf = self._core.prefetch(first, self._threads, self._prefetch, every)
+        while count is None or k < count:
+            got = pf.next()
+            if got is None:
+                return
+            yield got[1]
+            k += 1
+
     def batch_at(self, step: int) -> np.ndarray:
         """This rank's slice of global batch ``step`` (random access; the position is unchanged)."""
         first = _int("step", step, 0) * self._batch_size

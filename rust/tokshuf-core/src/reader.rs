@@ -162,8 +162,11 @@ pub enum Next {
 }
 
 impl Prefetcher {
-    /// `depth`: batches held ready in all (at least one per thread).
-    pub fn start(spec: Arc<BatchSpec>, first: u64, threads: usize, depth: usize) -> Result<Prefetcher> {
+    /// Batches start at `first + k * every * B` for k = 0, 1, ... (`every` > 1 lets DataLoader
+    /// worker w of W read every W-th batch). `depth`: batches held ready in all (at least one
+    /// per thread).
+    pub fn start(spec: Arc<BatchSpec>, first: u64, every: u64, threads: usize, depth: usize) -> Result<Prefetcher> {
+        let every = every.max(1);
         let threads = threads.max(1);
         let per_worker = depth.div_ceil(threads).max(1);
         let stop = Arc::new(AtomicBool::new(false));
@@ -176,7 +179,7 @@ impl Prefetcher {
                 .spawn(move || {
                     let mut k = w as u64;
                     while !stop.load(Ordering::Relaxed) {
-                        let Some(at) = k.checked_mul(spec.batch_size).and_then(|x| x.checked_add(first)) else { break };
+                        let Some(at) = k.checked_mul(every).and_then(|x| x.checked_mul(spec.batch_size)).and_then(|x| x.checked_add(first)) else { break };
                         if !spec.has_batch(at) {
                             break;
                         }

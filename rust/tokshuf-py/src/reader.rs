@@ -224,9 +224,11 @@ impl ReaderCore {
         self.spec.source.describe()
     }
 
-    /// Start read-ahead at example `first` (threads start now, not before).
-    fn prefetch(&self, py: Python<'_>, first: u64, threads: usize, depth: usize) -> PyResult<PyPrefetcher> {
-        let p = Prefetcher::start(self.spec.clone(), first, threads, depth).map_err(|e| to_pyerr(py, e))?;
+    /// Start read-ahead of the batches at examples `first + k * every * batch_size` (threads
+    /// start now, not before).
+    #[pyo3(signature = (first, threads, depth, every=1))]
+    fn prefetch(&self, py: Python<'_>, first: u64, threads: usize, depth: usize, every: u64) -> PyResult<PyPrefetcher> {
+        let p = Prefetcher::start(self.spec.clone(), first, every, threads, depth).map_err(|e| to_pyerr(py, e))?;
         Ok(PyPrefetcher { inner: Mutex::new(Some(p)), seqlen: self.spec.seqlen })
     }
 }
