@@ -25,6 +25,12 @@
 //! of examples or epochs: locating example 10^12 costs what locating example 1 does.
 //!
 //! Single pass (evaluation): example i is the i-th context in manifest order, i < total.
+//!
+//! R* defaults (in the reader) to tokshuf.json `ideal_readers` when present, else
+//! min(64, number of chunks): any R* gives the same contract, but it must stay fixed for the life
+//! of a training run (it is part of the reader's state fingerprint); 64 lets up to 64 ranks each
+//! stream whole chunks early in an epoch, and never exceeding N avoids streams that revisit the
+//! same chunks (which happens when R* > N, still correct).
 
 use std::sync::Arc;
 
@@ -42,10 +48,10 @@ pub struct Loc {
 /// An example sequence the reader can serve: example i -> its location. Implemented by the
 /// §6 order of one cache (`Order`), the single pass over one cache (`SinglePass`), and blends.
 pub trait Source: Send + Sync {
-    /// Location of example `i` (i < 2^63, and i < `len()` for a finite source).
+    /// Location of example `i` (i < 2^63, and i < `num_examples()` for a finite source).
     fn locate(&self, i: u64) -> Loc;
     /// Number of examples of a finite source; `None` for an endless one.
-    fn len(&self) -> Option<u64>;
+    fn num_examples(&self) -> Option<u64>;
     /// A string that changes whenever the sequence could change (mixed into state fingerprints).
     fn describe(&self) -> String;
 }
@@ -281,7 +287,7 @@ impl Source for Order {
         };
         Loc { component: 0, chunk, index }
     }
-    fn len(&self) -> Option<u64> {
+    fn num_examples(&self) -> Option<u64> {
         None
     }
     fn describe(&self) -> String {
@@ -314,7 +320,7 @@ impl Source for SinglePass {
         let c = self.cumulative.partition_point(|&x| x <= i) - 1;
         Loc { component: 0, chunk: c as u64, index: i - self.cumulative[c] }
     }
-    fn len(&self) -> Option<u64> {
+    fn num_examples(&self) -> Option<u64> {
         self.cumulative.last().copied()
     }
     fn describe(&self) -> String {
@@ -404,7 +410,7 @@ mod tests {
         let sp = SinglePass::new(&[3, 1, 2]);
         let got: Vec<(u64, u64)> = (0..6).map(|i| sp.locate(i)).map(|l| (l.chunk, l.index)).collect();
         assert_eq!(got, vec![(0, 0), (0, 1), (0, 2), (1, 0), (2, 0), (2, 1)]);
-        assert_eq!(sp.len(), Some(6));
+        assert_eq!(sp.num_examples(), Some(6));
     }
 
     #[test]

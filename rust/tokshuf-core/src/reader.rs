@@ -93,7 +93,7 @@ impl BatchSpec {
         if dtype == OutDtype::U16 && caches.iter().any(|c| c.meta.dtype == crate::meta::Dtype::Uint32) {
             return Err(Error::Config("dtype uint16 cannot hold the ids of a uint32 cache".into()));
         }
-        let end = source.len().map(|n| if drop_last { n.saturating_sub(batch_size) + u64::from(n >= batch_size) } else { n });
+        let end = source.num_examples().map(|n| if drop_last { n.saturating_sub(batch_size) + u64::from(n >= batch_size) } else { n });
         Ok(BatchSpec { caches, source, batch_size, rank, world_size, seqlen, dtype, end })
     }
 
@@ -105,7 +105,7 @@ impl BatchSpec {
     /// Example indices of this rank's slice of the batch starting at `first`.
     pub fn examples(&self, first: u64) -> impl Iterator<Item = u64> + '_ {
         let per_rank = self.batch_size / self.world_size;
-        let stop = self.source.len().map_or(u64::MAX, |n| n.min(first.saturating_add(self.batch_size)));
+        let stop = self.source.num_examples().map_or(u64::MAX, |n| n.min(first.saturating_add(self.batch_size)));
         (0..per_rank).map(move |j| first + self.rank + j * self.world_size).take_while(move |&i| i < stop)
     }
 

@@ -197,7 +197,7 @@ impl ReaderCore {
 
     /// (component, chunk, index in tar order) of global example `i`.
     fn locate(&self, py: Python<'_>, i: u64) -> PyResult<(usize, u64, u64)> {
-        if i >= tokshuf_core::reader::MAX_EXAMPLE || self.spec.source.len().is_some_and(|n| i >= n) {
+        if i >= tokshuf_core::reader::MAX_EXAMPLE || self.spec.source.num_examples().is_some_and(|n| i >= n) {
             return Err(to_pyerr(py, Error::Config(format!("example {i} out of range"))));
         }
         let l = self.spec.source.locate(i);
@@ -207,7 +207,7 @@ impl ReaderCore {
     /// Number of examples of a finite source (None when endless).
     #[getter]
     fn num_examples(&self) -> Option<u64> {
-        self.spec.source.len()
+        self.spec.source.num_examples()
     }
     /// Batches start at examples below this (None when endless).
     #[getter]
@@ -256,9 +256,8 @@ impl PyPrefetcher {
             p = back;
             match r {
                 Ok(Next::Timeout) => {
-                    if let Err(e) = py.check_signals() {
-                        return Err(e); // the prefetcher is dropped; the Reader restarts one
-                    }
+                    // On Ctrl-C the prefetcher is dropped; the Reader starts a new one next time.
+                    py.check_signals()?;
                 }
                 Ok(Next::Batch(first, rows, b)) => {
                     *self.inner.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
