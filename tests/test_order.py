@@ -136,3 +136,26 @@ def test_far_seek_is_repeatable(tmp_path, single_pass):
     a = next(r)
     r.seek(step=far)
     np.testing.assert_array_equal(a, next(r))
+
+
+def test_locate_cost_does_not_grow_with_the_step(tmp_path):
+    # A ratio, not a time: locating an example at step 10^9 costs what it costs at step 1
+    # (no per-epoch or per-example structure is built or walked).
+    import time
+
+    sizes = [8] * 300
+    for k in range(0, 300, 6):
+        sizes[k] = 1 + k % 7  # 50 short chunks spread over the cache
+    r = tokshuf.Reader(write_cache(tmp_path / "c", sizes, 8), batch_size=64, ideal_readers=64)
+
+    def cost(step):
+        best = float("inf")
+        for _ in range(7):
+            t0 = time.perf_counter()
+            for j in range(300):
+                r.locate(step * 64 + j)
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    cost(1)
+    assert cost(10**9) < 10 * cost(1)

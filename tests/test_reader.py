@@ -331,3 +331,19 @@ def test_cli_read_and_inspect(caches):
     p = subprocess.run([sys.executable, "-m", "tokshuf", "read", "/nonexistent", "--batch-size", "2"],
                        capture_output=True, text=True)
     assert p.returncode == 1 and "tokshuf: error" in p.stderr
+
+
+@pytest.mark.parametrize("fmt", ["npy", "json.gz"])
+def test_lazy_open_checks_each_shard_on_first_read(tmp_path, fmt):
+    d = write_cache(tmp_path / "c", [4, 4, 4, 2], 4, fmt=fmt)
+    p = d / "shard_00000001.tar"
+    p.write_bytes(p.read_bytes()[:-600])
+    (d / "shard_00000002.tar").unlink()
+    with pytest.raises(tokshuf.CacheCorruptError):
+        tokshuf.Cache(d)
+    cache = tokshuf.Cache(d, check_files=False)
+    assert addresses(cache.get_batch([0, 13])) == [(0, 0), (3, 1)]
+    with pytest.raises(tokshuf.CacheCorruptError, match="shard_00000001.tar"):
+        cache[5]
+    with pytest.raises(tokshuf.CacheCorruptError, match="shard_00000002.tar"):
+        cache[9]

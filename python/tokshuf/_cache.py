@@ -23,21 +23,25 @@ class Cache:
     :class:`tokshuf.CacheCorruptError` naming the file). No shard data is read until asked for;
     ``npy`` shards are memory-mapped, ``json.gz`` shards indexed by one scan of their headers.
 
+    ``check_files=False`` skips the stat of every shard at open (each shard's size is still
+    checked when it is first read): for caches of very many chunks opened often.
+
     ``len(cache)`` is the number of contexts; ``cache[i]`` is context ``i`` in manifest order
     (a 1-D array of the cache's dtype), ``cache[i:j]`` and :meth:`get_batch` give 2-D arrays.
     """
 
-    def __init__(self, path: PathLike) -> None:
+    def __init__(self, path: PathLike, *, check_files: bool = True) -> None:
         self._path = os.fspath(path)
-        self._inner = _core.Cache(self._path)
+        self._check_files = bool(check_files)
+        self._inner = _core.Cache(self._path, self._check_files)
         self._metadata: Dict[str, Any] = json.loads(self._inner.metadata_json)
 
     # Pickle by path: a DataLoader worker started with "spawn" reopens the cache.
     def __getstate__(self) -> Dict[str, Any]:
-        return {"path": self._path}
+        return {"path": self._path, "check_files": self._check_files}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
-        self.__init__(state["path"])  # type: ignore[misc]
+        self.__init__(state["path"], check_files=state.get("check_files", True))  # type: ignore[misc]
 
     @property
     def path(self) -> str:

@@ -169,6 +169,43 @@ pub fn parse_manifest(path: &Path, text: &[u8], first: u64, chunk_size: u64) -> 
     Ok(out)
 }
 
+/// `parse_manifest` of a whole manifest, in parts on a few threads when it is large.
+pub fn parse_manifest_all(path: &Path, text: &[u8], chunk_size: u64) -> Result<Vec<ChunkEntry>> {
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(8);
+    if text.len() < (1 << 20) || threads == 1 || !text.ends_with(b"\n") {
+        return parse_manifest(path, text, 0, chunk_size);
+    }
+    // Cut after newlines, so every part is whole lines; number each part's first line.
+    let mut cuts = vec![0usize];
+    for t in 1..threads {
+        let at = (text.len() * t / threads).max(*cuts.last().unwrap_or(&0));
+        let next = text[at..].iter().position(|&b| b == b'\n').map_or(text.len(), |k| at + k + 1);
+        cuts.push(next);
+    }
+    cuts.push(text.len());
+    cuts.dedup();
+    let mut firsts = vec![0u64];
+    for w in cuts.windows(2).take(cuts.len().saturating_sub(2)) {
+        let lines = text[w[0]..w[1]].iter().filter(|&&b| b == b'\n').count() as u64;
+        firsts.push(firsts.last().copied().unwrap_or(0) + lines);
+    }
+    std::thread::scope(|s| {
+        let handles: Vec<_> = cuts
+            .windows(2)
+            .zip(&firsts)
+            .map(|(w, &first)| {
+                let part = &text[w[0]..w[1]];
+                s.spawn(move || parse_manifest(path, part, first, chunk_size))
+            })
+            .collect();
+        let mut out = Vec::new();
+        for h in handles {
+            out.extend(h.join().unwrap_or_else(|_| Err(Error::Config("manifest parser thread panicked".into())))?);
+        }
+        Ok(out)
+    })
+}
+
 /// Shard path of chunk `c` (built from the index, never from a name read from disk).
 pub fn shard_path(root: &Path, c: u64) -> PathBuf {
     root.join(format!("{}.tar", meta::shard_stem(c)))
@@ -187,26 +224,31 @@ pub fn check_shard(root: &Path, c: u64, entry: &ChunkEntry, format: Format, stri
         return Err(Error::corrupt(&path, "not a regular file"));
     }
     let len = md.len();
+    check_size(&path, entry, len, format, stride)?;
+    Ok(len)
+}
+
+fn check_size(path: &Path, entry: &ChunkEntry, len: u64, format: Format, stride: u64) -> Result<()> {
     if let Some(b) = entry.bytes {
         if b != len {
-            return Err(Error::corrupt(&path, format!("size {len} bytes, manifest says {b} (truncated or changed?)")));
+            return Err(Error::corrupt(path, format!("size {len} bytes, manifest says {b} (truncated or changed?)")));
         }
     }
     match format {
         Format::Npy => {
             let want = npy_shard_bytes(entry.size, stride);
             if len != want {
-                return Err(Error::corrupt(&path, format!("size {len} bytes, expected {want} for {} contexts (truncated or changed?)", entry.size)));
+                return Err(Error::corrupt(path, format!("size {len} bytes, expected {want} for {} contexts (truncated or changed?)", entry.size)));
             }
         }
         Format::JsonGz => {
             let min = (entry.size * 2 + 2) * shard::TAR_BLOCK;
             if len < min || len % shard::TAR_BLOCK != 0 {
-                return Err(Error::corrupt(&path, format!("size {len} bytes cannot hold {} json.gz members (truncated?)", entry.size)));
+                return Err(Error::corrupt(path, format!("size {len} bytes cannot hold {} json.gz members (truncated?)", entry.size)));
             }
         }
     }
-    Ok(len)
+    Ok(())
 }
 
 /// A value that belongs to one process: after a fork the child gets a fresh one, never touching
@@ -318,10 +360,16 @@ impl std::fmt::Debug for Cache {
 
 impl Cache {
     pub fn open(root: &Path) -> Result<Cache> {
+        Self::open_with(root, true)
+    }
+
+    /// `check_files`: stat every shard now (else each shard's size is checked when it is
+    /// first mapped, which every read does anyway; for very large caches opened often).
+    pub fn open_with(root: &Path, check_files: bool) -> Result<Cache> {
         let meta = read_meta(root, true)?;
         let mpath = root.join(MANIFEST_NAME);
         let text = std::fs::read(&mpath).map_err(|e| Error::corrupt(&mpath, format!("cannot read: {e}")))?;
-        let chunks = parse_manifest(&mpath, &text, 0, meta.chunk_size)?;
+        let chunks = parse_manifest_all(&mpath, &text, meta.chunk_size)?;
         let meta_path = root.join(META_NAME);
         if chunks.len() as u64 != meta.num_chunks {
             return Err(Error::corrupt(&mpath, format!("{} lines, tokshuf.json says num_chunks {}", chunks.len(), meta.num_chunks)));
@@ -338,7 +386,9 @@ impl Cache {
             return Err(Error::corrupt(&mpath, format!("line {}: only the last chunk of a shuffled cache may hold fewer than {} contexts", k + 1, meta.chunk_size)));
         }
         let stride = shard::npy_stride(meta.dtype, meta.seqlen);
-        check_shards(root, &chunks, meta.format, stride)?;
+        if check_files {
+            check_shards(root, &chunks, meta.format, stride)?;
+        }
         let mut cumulative = Vec::with_capacity(chunks.len() + 1);
         cumulative.push(0u64);
         for c in &chunks {
@@ -421,10 +471,7 @@ impl Cache {
         }
         match self.meta.format {
             Format::Npy => {
-                let want = npy_shard_bytes(entry.size, self.stride);
-                if len != want {
-                    return Err(Error::corrupt(&path, format!("size {len} bytes, expected {want} (changed since the cache was opened?)")));
-                }
+                check_size(&path, entry, len, Format::Npy, self.stride)?;
                 for i in [0, entry.size - 1] {
                     let at = (i * self.stride) as usize;
                     let header = &mmap[at..at + 512];
@@ -440,6 +487,7 @@ impl Cache {
                 Ok(Mapped::Npy(mmap))
             }
             Format::JsonGz => {
+                check_size(&path, entry, len, Format::JsonGz, self.stride)?;
                 let members = index_json_gz(&path, &mmap, c, entry.size)?;
                 Ok(Mapped::JsonGz(mmap, members))
             }
@@ -512,37 +560,51 @@ impl Cache {
     }
 }
 
-/// Stat every shard, on a few threads when there are many (opening 100,000 chunks).
-fn check_shards(root: &Path, chunks: &[ChunkEntry], format: Format, stride: u64) -> Result<()> {
-    let threads = if chunks.len() < 4096 { 1 } else { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(8) };
-    if threads == 1 {
-        for (c, e) in chunks.iter().enumerate() {
-            check_shard(root, c as u64, e, format, stride)?;
-        }
-        return Ok(());
+/// Chunk number of a shard file name `shard_NNNNNNNN.tar` (as the builder writes it).
+fn shard_number(name: &std::ffi::OsStr) -> Option<u64> {
+    let name = name.to_str()?;
+    let digits = name.strip_prefix("shard_")?.strip_suffix(".tar")?;
+    if digits.len() < 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
     }
-    let per = chunks.len().div_ceil(threads);
-    std::thread::scope(|s| {
-        let handles: Vec<_> = chunks
-            .chunks(per)
-            .enumerate()
-            .map(|(t, part)| {
-                s.spawn(move || {
-                    for (k, e) in part.iter().enumerate() {
-                        check_shard(root, (t * per + k) as u64, e, format, stride)?;
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        let mut first: Result<()> = Ok(());
-        for h in handles {
-            let r = h.join().unwrap_or_else(|_| Err(Error::Config("shard check thread panicked".into())));
-            if first.is_ok() {
-                first = r;
+    let c: u64 = digits.parse().ok()?;
+    (meta::shard_stem(c) + ".tar" == name).then_some(c)
+}
+
+/// Check the size of every shard. One directory listing, then `fstatat` relative to the
+/// directory (no path walk per shard), on a few threads when there are many: opening a cache
+/// of 100,000 chunks is dominated by these 100,000 stat calls.
+fn check_shards(root: &Path, chunks: &[ChunkEntry], format: Format, stride: u64) -> Result<()> {
+    let mut entries: Vec<Option<std::fs::DirEntry>> = (0..chunks.len()).map(|_| None).collect();
+    for e in std::fs::read_dir(root).map_err(|e| Error::io(root, e))? {
+        let e = e.map_err(|e| Error::io(root, e))?;
+        if let Some(c) = shard_number(&e.file_name()) {
+            if let Some(slot) = entries.get_mut(c as usize) {
+                *slot = Some(e);
             }
         }
-        first
+    }
+    let check = |c: usize, e: &Option<std::fs::DirEntry>| -> Result<()> {
+        let path = shard_path(root, c as u64);
+        let Some(e) = e else {
+            return Err(Error::corrupt(&path, "shard missing"));
+        };
+        let md = e.metadata().map_err(|err| Error::corrupt(&path, format!("cannot stat shard: {err}")))?;
+        if !md.file_type().is_file() {
+            return Err(Error::corrupt(&path, "not a regular file"));
+        }
+        check_size(&path, &chunks[c], md.len(), format, stride)
+    };
+    let threads = if chunks.len() < 4096 { 1 } else { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(8) };
+    let per = chunks.len().div_ceil(threads).max(1);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = entries
+            .chunks(per)
+            .enumerate()
+            .map(|(t, part)| s.spawn(move || part.iter().enumerate().try_for_each(|(k, e)| check(t * per + k, e))))
+            .collect();
+        // Report the error of the lowest chunk, whatever the thread timing.
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(Error::Config("shard check thread panicked".into())))).collect()
     })
 }
 
@@ -688,6 +750,12 @@ mod tests {
             assert!(matches!(e, Error::Corrupt { .. }), "{e}");
         }
         assert!(parse_manifest(p, b"", 0, 4).unwrap().is_empty());
+        // Parallel parsing numbers lines as the sequential one does.
+        let big: String = (0..40_000).map(|k| format!("{{\"shard\":\"shard_{k:08}\",\"num_sequences\":4}}\n")).collect();
+        assert_eq!(parse_manifest_all(p, big.as_bytes(), 4).unwrap().len(), 40_000);
+        let bad = big.replace("shard_00031234", "shard_00031299");
+        let e = parse_manifest_all(p, bad.as_bytes(), 4).unwrap_err().to_string();
+        assert!(e.contains("line 31235"), "{e}");
     }
 
     #[test]

@@ -50,8 +50,9 @@ pub struct PyCache {
 #[pymethods]
 impl PyCache {
     #[new]
-    fn new(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
-        let inner = run_detached(py, move |_| Cache::open(&path))?;
+    #[pyo3(signature = (path, check_files=true))]
+    fn new(py: Python<'_>, path: PathBuf, check_files: bool) -> PyResult<Self> {
+        let inner = run_detached(py, move |_| Cache::open_with(&path, check_files))?;
         Ok(PyCache { inner: Arc::new(inner) })
     }
     #[getter]
