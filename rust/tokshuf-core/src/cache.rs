@@ -604,7 +604,7 @@ fn check_shards(root: &Path, chunks: &[ChunkEntry], format: Format, stride: u64)
             .map(|(t, part)| s.spawn(move || part.iter().enumerate().try_for_each(|(k, e)| check(t * per + k, e))))
             .collect();
         // Report the error of the lowest chunk, whatever the thread timing.
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(Error::Config("shard check thread panicked".into())))).collect()
+        handles.into_iter().try_for_each(|h| h.join().unwrap_or_else(|_| Err(Error::Config("shard check thread panicked".into()))))
     })
 }
 
