@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from ._blend import Blend
 from ._build import DEFAULT_TOKENIZER, BuildStats, build_cache
+from ._cache import Cache
 from ._core import Tokenizer, __version__
+from ._reader import Reader, shift_targets
 from .exceptions import (
     CacheCorruptError,
     ConfigError,
@@ -25,6 +27,9 @@ __all__ = [
     "BuildStats",
     "DEFAULT_TOKENIZER",
     "Tokenizer",
+    "Cache",
+    "Reader",
+    "shift_targets",
     "TokshufError",
     "ConfigError",
     "InputError",

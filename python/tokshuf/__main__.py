@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import List, Optional
 
-from . import _cli_blend
+from . import _cli_blend, _cli_read
 from .exceptions import TokshufError
 
 
@@ -87,6 +87,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_build(sub)
     _cli_blend.add_parser(sub)
+    _cli_read.add_parser(sub)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

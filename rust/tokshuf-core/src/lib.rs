@@ -13,12 +13,15 @@
 
 pub mod blend;
 pub mod bpe;
+pub mod cache;
 pub mod build;
 pub mod error;
 pub mod hash;
 pub mod input;
 pub mod meta;
+pub mod order;
 pub mod progress;
+pub mod reader;
 pub mod shard;
 pub mod stage1;
 pub mod tokenizer;

@@ -3,6 +3,7 @@
 //! errors into the exception classes of `tokshuf.exceptions`. No logic of its own.
 
 mod blend;
+mod reader;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -218,5 +219,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(build_cache, m)?)?;
     m.add_class::<Tokenizer>()?;
     blend::register(m)?;
+    reader::register(m)?;
     Ok(())
 }

@@ -1,0 +1,137 @@
+"""``tokshuf.Cache``: open a finished cache, check it, and read its contexts by index."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, Iterable, List, Union
+
+import numpy as np
+
+from . import _core
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+DTYPES = ("int32", "int64", "uint16", "uint32")
+
+
+class Cache:
+    """A tokshuf cache opened for reading.
+
+    Opening reads ``tokshuf.json`` and ``manifest.jsonl`` and checks them against each other
+    and against the shard files (names, counts, sizes; a missing or truncated shard raises
+    :class:`tokshuf.CacheCorruptError` naming the file). No shard data is read until asked for;
+    ``npy`` shards are memory-mapped, ``json.gz`` shards indexed by one scan of their headers.
+
+    ``check_files=False`` skips the stat of every shard at open (each shard's size is still
+    checked when it is first read): for caches of very many chunks opened often.
+
+    ``len(cache)`` is the number of contexts; ``cache[i]`` is context ``i`` in manifest order
+    (a 1-D array of the cache's dtype), ``cache[i:j]`` and :meth:`get_batch` give 2-D arrays.
+    """
+
+    def __init__(self, path: PathLike, *, check_files: bool = True) -> None:
+        self._path = os.fspath(path)
+        self._check_files = bool(check_files)
+        self._inner = _core.Cache(self._path, self._check_files)
+        self._metadata: Dict[str, Any] = json.loads(self._inner.metadata_json)
+
+    # Pickle by path: a DataLoader worker started with "spawn" reopens the cache.
+    def __getstate__(self) -> Dict[str, Any]:
+        return {"path": self._path, "check_files": self._check_files}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__init__(state["path"], check_files=state.get("check_files", True))  # type: ignore[misc]
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    @property
+    def metadata(self) -> Dict[str, Any]:
+        """The whole ``tokshuf.json``."""
+        return self._metadata
+
+    @property
+    def seqlen(self) -> int:
+        return int(self._inner.seqlen)
+
+    @property
+    def dtype(self) -> np.dtype:
+        """dtype of the stored ids (uint16 or uint32)."""
+        return np.dtype(self._inner.dtype)
+
+    @property
+    def format(self) -> str:
+        return str(self._inner.format)
+
+    @property
+    def chunk_size(self) -> int:
+        return int(self._inner.chunk_size)
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self._inner.chunk_sizes)
+
+    @property
+    def chunk_sizes(self) -> List[int]:
+        """Contexts per chunk, in manifest order."""
+        return list(self._inner.chunk_sizes)
+
+    @property
+    def ideal_readers(self) -> int:
+        """Default R*: tokshuf.json ``ideal_readers`` if set, else min(64, number of chunks)."""
+        return int(self._inner.default_ideal_readers)
+
+    @property
+    def fingerprint(self) -> str:
+        """sha256 of manifest.jsonl and the build recipe: names the cache's content."""
+        return str(self._inner.fingerprint)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self._metadata.get("num_tokens", 0))
+
+    def __len__(self) -> int:
+        return len(self._inner)
+
+    def __repr__(self) -> str:
+        return f"Cache({self._path!r}, contexts={len(self)}, seqlen={self.seqlen}, chunks={self.num_chunks})"
+
+    def get_batch(self, indices: Iterable[int], dtype: Union[str, np.dtype, None] = None) -> np.ndarray:
+        """Contexts ``indices`` (manifest order, negative counts from the end) as a 2-D array."""
+        n = len(self)
+        idx = []
+        for i in indices:
+            i = int(i)
+            if i < 0:
+                i += n
+            if not 0 <= i < n:
+                raise IndexError(f"context {i} out of range (cache holds {n})")
+            idx.append(i)
+        return self._inner.get(idx, _dtype_name(dtype if dtype is not None else self.dtype))
+
+    def __getitem__(self, key: Union[int, slice]) -> np.ndarray:
+        if isinstance(key, slice):
+            return self.get_batch(range(*key.indices(len(self))))
+        try:
+            i = int(key)  # type: ignore[call-overload]
+        except TypeError:
+            raise TypeError(f"Cache indices must be integers or slices, not {type(key).__name__}") from None
+        return self.get_batch([i])[0]
+
+
+def _dtype_name(dtype: Union[str, np.dtype, type]) -> str:
+    from .exceptions import ConfigError
+
+    try:
+        name = np.dtype(dtype).name
+    except TypeError:
+        raise ConfigError(f"dtype={dtype!r}: expected one of {DTYPES}") from None
+    if name not in DTYPES:
+        raise ConfigError(f"dtype={dtype!r}: expected one of {DTYPES}")
+    return name
+
+
+def open_cache(cache: Union["Cache", PathLike]) -> "Cache":
+    return cache if isinstance(cache, Cache) else Cache(cache)

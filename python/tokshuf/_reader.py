@@ -1,0 +1,305 @@
+"""``tokshuf.Reader``: one rank's batches of the global example order (DESIGN §6)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any, Dict, Iterator, Optional, Tuple, Union
+
+import numpy as np
+
+from . import _core
+from ._cache import Cache, PathLike, _dtype_name, open_cache
+from .exceptions import ConfigError, StateMismatchError
+
+STATE_VERSION = 1
+_MAX_EXAMPLE = 1 << 62
+
+
+def shift_targets(batch: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """``(inputs, targets)`` for next-token training: ``batch[:, :-1]`` and ``batch[:, 1:]``."""
+    return batch[:, :-1], batch[:, 1:]
+
+
+def _int(name: str, value: Any, lo: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo:
+        raise ConfigError(f"{name} must be an integer >= {lo}, not {value!r}")
+    return int(value)
+
+
+class Reader:
+    """Deterministic batches of a cache for rank ``rank`` of ``world_size``.
+
+    Global batch ``b`` holds examples ``[b*B, (b+1)*B)`` of the order of DESIGN §6 (B =
+    ``batch_size``); this rank gets every ``world_size``-th of them starting at ``rank``, as an
+    array of shape ``(batch_size // world_size, seqlen)``. The global batches are the same for
+    every ``world_size``. Iterating never ends unless ``single_pass=True``.
+
+    ``ideal_readers`` is R*, which fixes the order: keep it when the number of GPUs changes.
+    Default: the cache's ``ideal_readers`` key if present, else min(64, number of chunks).
+    ``seed`` and ``reshuffle`` choose the chunk and context permutations of epochs >= 1.
+    ``prefetch`` batches are read ahead on ``threads`` background threads, started on the first
+    batch (never at construction) and restarted after a fork.
+    """
+
+    def __init__(
+        self,
+        cache: Union[Cache, PathLike, Any],
+        *,
+        batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        ideal_readers: Optional[int] = None,
+        seed: int = 0,
+        single_pass: bool = False,
+        reshuffle: bool = True,
+        drop_last: bool = False,
+        start_step: int = 0,
+        prefetch: int = 4,
+        threads: Optional[int] = None,
+        dtype: Union[str, np.dtype, type] = "int32",
+    ) -> None:
+        self._batch_size = _int("batch_size", batch_size, 1)
+        self._world_size = _int("world_size", world_size, 1)
+        self._rank = _int("rank", rank, 0)
+        if self._rank >= self._world_size:
+            raise ConfigError(f"rank {rank} must be < world_size {world_size}")
+        if self._batch_size % self._world_size:
+            raise ConfigError(f"batch_size {batch_size} must be divisible by world_size {world_size}")
+        if not 0 <= int(seed) < 2**64:
+            raise ConfigError(f"seed must be in [0, 2**64), not {seed!r}")
+        self._seed = int(seed)
+        self._single_pass = bool(single_pass)
+        self._reshuffle = bool(reshuffle)
+        self._drop_last = bool(drop_last)
+        self._prefetch = _int("prefetch", prefetch, 0)
+        cpus = os.cpu_count() or 1
+        self._threads = _int("threads", threads, 1) if threads is not None else max(1, min(4, self._prefetch, cpus))
+        self._dtype = _dtype_name(dtype)
+        self._source = cache if hasattr(cache, "_make_reader_core") else open_cache(cache)
+        if ideal_readers is None:
+            ideal_readers = self._source.ideal_readers
+        self._ideal_readers = _int("ideal_readers", ideal_readers, 1)
+        self._core = self._make_core()
+        self._next = 0
+        self._pf: Any = None
+        self._pid = os.getpid()
+        self.seek(step=start_step)
+
+    def _make_core(self) -> Any:
+        args = (self._batch_size, self._rank, self._world_size, self._ideal_readers, self._seed,
+                self._reshuffle, self._single_pass, self._drop_last, self._dtype)
+        if hasattr(self._source, "_make_reader_core"):
+            # Any other example source (a Blend) builds its own core from the same options.
+            return self._source._make_reader_core(*args)
+        return _core.ReaderCore(self._source._inner, *args)
+
+    # ---- options --------------------------------------------------------------------------
+    @property
+    def cache(self) -> Any:
+        return self._source
+
+    @property
+    def batch_size(self) -> int:
+        return self._batch_size
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    @property
+    def ideal_readers(self) -> int:
+        return self._ideal_readers
+
+    @property
+    def seqlen(self) -> int:
+        return int(self._core.seqlen)
+
+    @property
+    def num_examples(self) -> Optional[int]:
+        """Examples of a single pass (None when endless)."""
+        return self._core.num_examples
+
+    @property
+    def num_steps(self) -> Optional[int]:
+        """Batches of a single pass from step 0 (the last may be short unless ``drop_last``)."""
+        n = self._core.num_examples
+        if n is None:
+            return None
+        return n // self._batch_size if self._drop_last else -(-n // self._batch_size)
+
+    @property
+    def next_example(self) -> int:
+        """Global index of the first example of the next batch."""
+        return self._next
+
+    @property
+    def step(self) -> int:
+        """Index of the next global batch (``next_example // batch_size``)."""
+        return self._next // self._batch_size
+
+    # ---- reading --------------------------------------------------------------------------
+    def __iter__(self) -> "Reader":
+        return self
+
+    def __next__(self) -> np.ndarray:
+        end = self._core.end
+        if end is not None and self._next >= end:
+            self._close_prefetch()
+            raise StopIteration
+        if self._prefetch == 0:
+            batch = self._core.batch(self._next)
+        else:
+            if self._pf is None or self._pid != os.getpid():
+                # First batch, after a seek, or in a forked child (the parent's threads are gone).
+                self._pid = os.getpid()
+                self._pf = self._core.prefetch(self._next, self._threads, self._prefetch)
+            try:
+                got = self._pf.next()
+            except BaseException:
+                self._pf = None  # restart cleanly at the same position on the next call
+                raise
+            if got is None:
+                self._pf = None
+                raise StopIteration
+            first, batch = got
+            assert first == self._next, (first, self._next)
+        self._next += self._batch_size
+        return batch
+
+    def pairs(self) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
+        """Iterate ``(inputs, targets)`` shifted by one token (see :func:`shift_targets`)."""
+        for batch in self:
+            yield shift_targets(batch)
+
+    def _stream(self, first: int, every: int = 1, count: Optional[int] = None) -> Iterator[np.ndarray]:
+        """Batches starting at examples ``first + k * every * batch_size`` for k < ``count``
+        (None: until the end), read ahead on fresh threads; the position is not used or changed."""
+        k = 0
+        end = self._core.end
+        if self._prefetch == 0:
+            while count is None or k < count:
+                at = first + k * every * self._batch_size
+                if end is not None and at >= end:
+                    return
+                yield self._core.batch(at)
+                k += 1
+            return
+        pf = self._core.prefetch(first, self._threads, self._prefetch, every)
+        while count is None or k < count:
+            got = pf.next()
+            if got is None:
+                return
+            yield got[1]
+            k += 1
+
+    def batch_at(self, step: int) -> np.ndarray:
+        """This rank's slice of global batch ``step`` (random access; the position is unchanged)."""
+        first = _int("step", step, 0) * self._batch_size
+        return self._core.batch(first)
+
+    def locate(self, example: int) -> Tuple[int, int, int]:
+        """(component, chunk, index inside the chunk's tar) of global example ``example``."""
+        return tuple(self._core.locate(_int("example", example, 0)))  # type: ignore[return-value]
+
+    # ---- seek and state -------------------------------------------------------------------
+    def seek(self, *, step: Optional[int] = None, example: Optional[int] = None, tokens: Optional[int] = None) -> None:
+        """Move to global batch ``step``, to global ``example``, or to a token count (exactly
+        one of them). O(1): no data is read and nothing is built."""
+        given = [k for k, v in (("step", step), ("example", example), ("tokens", tokens)) if v is not None]
+        if len(given) != 1:
+            raise ConfigError(f"seek takes exactly one of step, example, tokens (got {given or 'none'})")
+        if step is not None:
+            first = _int("step", step, 0) * self._batch_size
+        elif example is not None:
+            first = _int("example", example, 0)
+        else:
+            t = _int("tokens", tokens, 0)
+            if t % self.seqlen:
+                raise ConfigError(f"tokens={t} is not a multiple of seqlen {self.seqlen}")
+            first = t // self.seqlen
+        if first + self._batch_size > _MAX_EXAMPLE:
+            raise ConfigError(f"example {first} is beyond the supported range (2**62)")
+        self._next = first
+        self._close_prefetch()
+
+    def _options(self) -> Dict[str, Any]:
+        return {
+            "ideal_readers": self._ideal_readers,
+            "seed": self._seed,
+            "reshuffle": self._reshuffle,
+            "single_pass": self._single_pass,
+            "batch_size": self._batch_size,
+        }
+
+    @property
+    def fingerprint(self) -> str:
+        """sha256 of the cache's fingerprint, the order definition and the order options."""
+        h = hashlib.sha256()
+        h.update(self._source.fingerprint.encode())
+        h.update(b"\0" + self._core.source_description.encode() + b"\0")
+        h.update(json.dumps(self._options(), sort_keys=True).encode())
+        return h.hexdigest()
+
+    def state_dict(self) -> Dict[str, Any]:
+        """JSON-serialisable position: resume with :meth:`load_state_dict`, any world_size."""
+        return {
+            "tokshuf_reader": STATE_VERSION,
+            "next_example": self._next,
+            "step": self.step,
+            "fingerprint": self.fingerprint,
+            "cache": self._source.fingerprint,
+            "options": self._options(),
+            "world_size": self._world_size,
+            "rank": self._rank,
+        }
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict`. The cache and the order options must be the same
+        (else :class:`tokshuf.StateMismatchError`); world_size and rank may differ."""
+        if not isinstance(state, dict) or state.get("tokshuf_reader") != STATE_VERSION:
+            raise StateMismatchError(f"not a tokshuf reader state (version {STATE_VERSION}): {state!r:.200}")
+        if state.get("cache") != self._source.fingerprint:
+            raise StateMismatchError("state was saved for another cache (or the cache changed): "
+                                     f"{state.get('cache')!r:.20} != {self._source.fingerprint!r:.20}")
+        theirs = state.get("options", {})
+        diff = [f"{k} ({theirs.get(k)!r} -> {v!r})" for k, v in self._options().items() if theirs.get(k) != v]
+        if diff:
+            raise StateMismatchError("state was saved with other order options: " + ", ".join(diff))
+        if state.get("fingerprint") != self.fingerprint:
+            raise StateMismatchError("state was saved with another order definition (tokshuf version?)")
+        self.seek(example=_int("next_example", state.get("next_example"), 0))
+
+    # ---- lifetime -------------------------------------------------------------------------
+    def _close_prefetch(self) -> None:
+        self._pf = None
+
+    def close(self) -> None:
+        """Stop read-ahead threads (they also stop when the reader is garbage-collected)."""
+        self._close_prefetch()
+
+    def __enter__(self) -> "Reader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __getstate__(self) -> Dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_core"] = None
+        state["_pf"] = None
+        return state
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._core = self._make_core()
+        self._pid = os.getpid()
+
+    def __repr__(self) -> str:
+        return (f"Reader({self._source!r}, batch_size={self._batch_size}, rank={self._rank}, "
+                f"world_size={self._world_size}, ideal_readers={self._ideal_readers}, step={self.step})")

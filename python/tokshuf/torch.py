@@ -1,0 +1,78 @@
+"""PyTorch adapter: ``tokshuf.torch.ReaderDataset`` (torch is an optional dependency).
+
+Use it with ``DataLoader(ds, batch_size=None, num_workers=W)``: the dataset yields whole batches
+(this rank's slice, as tensors). With W workers, worker w yields the rank's batches w, w+W,
+w+2W, ...; the DataLoader takes one from each worker in turn, so the sequence it yields is
+exactly the plain :class:`tokshuf.Reader` sequence, for any W. Read-ahead threads start inside
+each worker when it begins iterating, never in the main process.
+
+Checkpointing: ``ds.state_dict(batches_seen)`` with the number of batches the training loop
+took from the DataLoader since the dataset's start (the main process cannot see the workers'
+position), and ``ds.load_state_dict(state)`` before iterating again.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterator, Optional
+
+try:
+    import torch
+    from torch.utils.data import IterableDataset, get_worker_info
+except ImportError as e:  # pragma: no cover - exercised only without torch
+    raise ImportError("tokshuf.torch needs PyTorch (pip install torch)") from e
+
+from ._reader import Reader
+
+__all__ = ["ReaderDataset"]
+
+
+class ReaderDataset(IterableDataset):  # type: ignore[type-arg,misc]
+    """An ``IterableDataset`` over a :class:`tokshuf.Reader`'s batches.
+
+    ``reader`` fixes the cache, rank, world size and options; its position when the dataset is
+    made (or loaded with :meth:`load_state_dict`) is where iteration starts. ``steps`` limits
+    the number of batches (None: endless, or to the end of a single pass). ``shift=True``
+    yields ``(inputs, targets)`` shifted by one token.
+    """
+
+    def __init__(self, reader: Reader, *, steps: Optional[int] = None, shift: bool = False) -> None:
+        super().__init__()
+        self._reader = reader
+        self._start = reader.next_example
+        self._steps = steps
+        self._shift = shift
+        self._seen = 0
+
+    @property
+    def reader(self) -> Reader:
+        return self._reader
+
+    def __iter__(self) -> Iterator[Any]:
+        info = get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        count = None
+        if self._steps is not None:
+            count = max(0, -(-(self._steps - worker) // workers))
+        first = self._start + worker * self._reader.batch_size
+        for batch in self._reader._stream(first, every=workers, count=count):
+            if info is None:
+                self._seen += 1
+            t = torch.from_numpy(batch)
+            yield (t[:, :-1], t[:, 1:]) if self._shift else t
+
+    def state_dict(self, batches_seen: Optional[int] = None) -> Dict[str, Any]:
+        """Reader state after ``batches_seen`` batches of this dataset (default: the batches
+        yielded in this process, which is right only with ``num_workers=0``)."""
+        n = self._seen if batches_seen is None else int(batches_seen)
+        r = self._reader
+        saved = r.next_example
+        r.seek(example=self._start + n * r.batch_size)
+        try:
+            return r.state_dict()
+        finally:
+            r.seek(example=saved)
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self._reader.load_state_dict(state)
+        self._start = self._reader.next_example
+        self._seen = 0

@@ -1,0 +1,227 @@
+//! Batch assembly and read-ahead over a `Source` (DESIGN §6).
+//!
+//! A global batch is examples `[first, first + B)`; rank r of R takes `first + r + j R` for
+//! j = 0 .. B/R (fewer at the end of a finite source). Batches are pure functions of `first`,
+//! so read-ahead is only an optimisation: `Prefetcher` worker w assembles batches w, w + W, ...
+//! into its own bounded channel and the consumer takes them round-robin, in order.
+//! Nothing here is started at construction; callers start a prefetcher on first use and start
+//! a new one after a fork (threads do not survive fork; see `Prefetcher::drop`).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use crossbeam_channel::{Receiver, RecvTimeoutError};
+
+use crate::cache::{Cache, Id};
+use crate::error::{Error, Result};
+use crate::order::{Loc, Source};
+
+/// Element type of the batches handed out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutDtype {
+    U16,
+    U32,
+    I32,
+    I64,
+}
+
+/// One rank's slice of one global batch: `rows x seqlen` ids, row-major.
+#[derive(Debug)]
+pub enum Batch {
+    U16(Vec<u16>),
+    U32(Vec<u32>),
+    I32(Vec<i32>),
+    I64(Vec<i64>),
+}
+
+impl Batch {
+    pub fn len(&self) -> usize {
+        match self {
+            Batch::U16(v) => v.len(),
+            Batch::U32(v) => v.len(),
+            Batch::I32(v) => v.len(),
+            Batch::I64(v) => v.len(),
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Everything that defines what a rank reads; immutable, shared with worker threads.
+pub struct BatchSpec {
+    pub caches: Vec<Arc<Cache>>,
+    pub source: Arc<dyn Source>,
+    pub batch_size: u64,
+    pub rank: u64,
+    pub world_size: u64,
+    pub seqlen: usize,
+    pub dtype: OutDtype,
+    /// Batches start at `first < end` (for a finite source; `drop_last` lowers it).
+    pub end: Option<u64>,
+}
+
+/// Largest example index accepted: keeps every position computation inside u64.
+pub const MAX_EXAMPLE: u64 = 1 << 62;
+
+impl BatchSpec {
+    pub fn new(
+        caches: Vec<Arc<Cache>>,
+        source: Arc<dyn Source>,
+        batch_size: u64,
+        rank: u64,
+        world_size: u64,
+        dtype: OutDtype,
+        drop_last: bool,
+    ) -> Result<BatchSpec> {
+        if caches.is_empty() {
+            return Err(Error::Config("no cache to read".into()));
+        }
+        let seqlen = caches[0].seqlen();
+        if caches.iter().any(|c| c.seqlen() != seqlen) {
+            return Err(Error::Config("all caches of a reader must have the same seqlen".into()));
+        }
+        if caches.iter().any(|c| c.is_empty()) {
+            return Err(Error::Config(format!("{}: cache holds no contexts", caches[0].root.display())));
+        }
+        if world_size == 0 || rank >= world_size {
+            return Err(Error::Config(format!("rank {rank} out of range for world_size {world_size}")));
+        }
+        if batch_size == 0 || batch_size % world_size != 0 {
+            return Err(Error::Config(format!("batch_size {batch_size} must be a positive multiple of world_size {world_size}")));
+        }
+        if dtype == OutDtype::U16 && caches.iter().any(|c| c.meta.dtype == crate::meta::Dtype::Uint32) {
+            return Err(Error::Config("dtype uint16 cannot hold the ids of a uint32 cache".into()));
+        }
+        let end = source.num_examples().map(|n| if drop_last { n.saturating_sub(batch_size) + u64::from(n >= batch_size) } else { n });
+        Ok(BatchSpec { caches, source, batch_size, rank, world_size, seqlen, dtype, end })
+    }
+
+    /// Does a batch start at `first`?
+    pub fn has_batch(&self, first: u64) -> bool {
+        self.end.is_none_or(|e| first < e)
+    }
+
+    /// Example indices of this rank's slice of the batch starting at `first`.
+    pub fn examples(&self, first: u64) -> impl Iterator<Item = u64> + '_ {
+        let per_rank = self.batch_size / self.world_size;
+        let stop = self.source.num_examples().map_or(u64::MAX, |n| n.min(first.saturating_add(self.batch_size)));
+        (0..per_rank).map(move |j| first + self.rank + j * self.world_size).take_while(move |&i| i < stop)
+    }
+
+    fn check(&self, first: u64) -> Result<()> {
+        if first.saturating_add(self.batch_size) > MAX_EXAMPLE {
+            return Err(Error::Config(format!("example index {first} is too large (limit 2^62)")));
+        }
+        if !self.has_batch(first) {
+            return Err(Error::Config(format!("no batch starts at example {first}: the single pass has ended")));
+        }
+        Ok(())
+    }
+
+    /// Assemble this rank's slice of the batch starting at example `first`.
+    pub fn assemble(&self, first: u64) -> Result<(usize, Batch)> {
+        self.check(first)?;
+        let locs: Vec<Loc> = self.examples(first).map(|i| self.source.locate(i)).collect();
+        let rows = locs.len();
+        let batch = match self.dtype {
+            OutDtype::U16 => Batch::U16(self.fill(&locs)?),
+            OutDtype::U32 => Batch::U32(self.fill(&locs)?),
+            OutDtype::I32 => Batch::I32(self.fill(&locs)?),
+            OutDtype::I64 => Batch::I64(self.fill(&locs)?),
+        };
+        Ok((rows, batch))
+    }
+
+    fn fill<T: Id>(&self, locs: &[Loc]) -> Result<Vec<T>> {
+        let mut out = vec![T::default(); locs.len() * self.seqlen];
+        if self.caches.len() == 1 {
+            return self.caches[0].read_many(locs.iter().map(|l| (l.chunk, l.index)), &mut out).map(|_| out);
+        }
+        for (l, row) in locs.iter().zip(out.chunks_exact_mut(self.seqlen)) {
+            let cache = self.caches.get(l.component).ok_or_else(|| Error::Config(format!("source names component {} of {}", l.component, self.caches.len())))?;
+            cache.read_into(l.chunk, l.index, row)?;
+        }
+        Ok(out)
+    }
+}
+
+/// Read-ahead: `threads` workers assemble batches `first + k B` into bounded channels.
+pub struct Prefetcher {
+    receivers: Vec<Receiver<Result<(u64, usize, Batch)>>>,
+    next: u64,
+    stop: Arc<AtomicBool>,
+    pid: u32,
+}
+
+/// What the consumer gets from `Prefetcher::next`.
+pub enum Next {
+    Batch(u64, usize, Batch),
+    End,
+    Timeout,
+}
+
+impl Prefetcher {
+    /// Batches start at `first + k * every * B` for k = 0, 1, ... (`every` > 1 lets DataLoader
+    /// worker w of W read every W-th batch). `depth`: batches held ready in all (at least one
+    /// per thread).
+    pub fn start(spec: Arc<BatchSpec>, first: u64, every: u64, threads: usize, depth: usize) -> Result<Prefetcher> {
+        let every = every.max(1);
+        let threads = threads.max(1);
+        let per_worker = depth.div_ceil(threads).max(1);
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut receivers = Vec::with_capacity(threads);
+        for w in 0..threads {
+            let (tx, rx) = crossbeam_channel::bounded(per_worker);
+            let (spec, stop) = (spec.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name(format!("tokshuf-read-{w}"))
+                .spawn(move || {
+                    let mut k = w as u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        let Some(at) = k.checked_mul(every).and_then(|x| x.checked_mul(spec.batch_size)).and_then(|x| x.checked_add(first)) else { break };
+                        if !spec.has_batch(at) {
+                            break;
+                        }
+                        let r = spec.assemble(at).map(|(rows, b)| (at, rows, b));
+                        let failed = r.is_err();
+                        if tx.send(r).is_err() || failed {
+                            break;
+                        }
+                        k += threads as u64;
+                    }
+                })
+                .map_err(|e| Error::Config(format!("cannot start a read-ahead thread: {e}")))?;
+            receivers.push(rx);
+        }
+        Ok(Prefetcher { receivers, next: 0, stop, pid: std::process::id() })
+    }
+
+    /// The next batch in order, waiting at most `timeout` (so the caller can check signals).
+    pub fn next(&mut self, timeout: std::time::Duration) -> Result<Next> {
+        let rx = &self.receivers[(self.next % self.receivers.len() as u64) as usize];
+        match rx.recv_timeout(timeout) {
+            Ok(Ok((at, rows, b))) => {
+                self.next += 1;
+                Ok(Next::Batch(at, rows, b))
+            }
+            Ok(Err(e)) => Err(e),
+            Err(RecvTimeoutError::Timeout) => Ok(Next::Timeout),
+            Err(RecvTimeoutError::Disconnected) => Ok(Next::End),
+        }
+    }
+}
+
+impl Drop for Prefetcher {
+    fn drop(&mut self) {
+        if self.pid != std::process::id() {
+            // Forked child: the workers (and whatever locks they held) exist only in the parent.
+            for rx in std::mem::take(&mut self.receivers) {
+                std::mem::forget(rx);
+            }
+            return;
+        }
+        // Workers notice the flag or the closed channel after at most one batch, and exit.
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,282 @@
+//! Bindings of the reader: `Cache`, `ReaderCore` (one rank's batches over a `Source`) and
+//! `Prefetcher`. Batches are assembled with the GIL released and handed to NumPy without a copy.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use numpy::ndarray::Array2;
+use numpy::{PyArray, PyArray2};
+use pyo3::prelude::*;
+
+use tokshuf_core::cache::{Cache, Id};
+use tokshuf_core::order::{Order, OrderOptions, SinglePass, Source};
+use tokshuf_core::reader::{Batch, BatchSpec, Next, OutDtype, Prefetcher};
+use tokshuf_core::Error;
+
+use crate::{run_detached, to_pyerr};
+
+fn out_dtype(py: Python<'_>, name: &str) -> PyResult<OutDtype> {
+    Ok(match name {
+        "uint16" => OutDtype::U16,
+        "uint32" => OutDtype::U32,
+        "int32" => OutDtype::I32,
+        "int64" => OutDtype::I64,
+        _ => return Err(to_pyerr(py, Error::Config(format!("dtype={name:?}: expected int32, int64, uint16 or uint32")))),
+    })
+}
+
+fn to_numpy<'py>(py: Python<'py>, rows: usize, seqlen: usize, batch: Batch) -> PyResult<Bound<'py, PyAny>> {
+    fn arr<'py, T: numpy::Element>(py: Python<'py>, shape: (usize, usize), v: Vec<T>) -> PyResult<Bound<'py, PyAny>> {
+        let a = Array2::from_shape_vec(shape, v).map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(e.to_string()))?;
+        let out: Bound<'py, PyArray2<T>> = PyArray::from_owned_array(py, a);
+        Ok(out.into_any())
+    }
+    let shape = (rows, seqlen);
+    match batch {
+        Batch::U16(v) => arr(py, shape, v),
+        Batch::U32(v) => arr(py, shape, v),
+        Batch::I32(v) => arr(py, shape, v),
+        Batch::I64(v) => arr(py, shape, v),
+    }
+}
+
+/// An opened, validated cache (`tokshuf.Cache` wraps it).
+#[pyclass(frozen, module = "tokshuf._core", name = "Cache")]
+pub struct PyCache {
+    pub inner: Arc<Cache>,
+}
+
+#[pymethods]
+impl PyCache {
+    #[new]
+    #[pyo3(signature = (path, check_files=true))]
+    fn new(py: Python<'_>, path: PathBuf, check_files: bool) -> PyResult<Self> {
+        let inner = run_detached(py, move |_| Cache::open_with(&path, check_files))?;
+        Ok(PyCache { inner: Arc::new(inner) })
+    }
+    #[getter]
+    fn path(&self) -> PathBuf {
+        self.inner.root.clone()
+    }
+    #[getter]
+    fn metadata_json(&self) -> String {
+        self.inner.meta.raw.to_string()
+    }
+    #[getter]
+    fn fingerprint(&self) -> &str {
+        &self.inner.fingerprint
+    }
+    #[getter]
+    fn seqlen(&self) -> usize {
+        self.inner.seqlen()
+    }
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        match self.inner.meta.dtype {
+            tokshuf_core::meta::Dtype::Uint16 => "uint16",
+            tokshuf_core::meta::Dtype::Uint32 => "uint32",
+        }
+    }
+    #[getter]
+    fn format(&self) -> &'static str {
+        match self.inner.meta.format {
+            tokshuf_core::meta::Format::Npy => "npy",
+            tokshuf_core::meta::Format::JsonGz => "json.gz",
+        }
+    }
+    #[getter]
+    fn chunk_size(&self) -> u64 {
+        self.inner.meta.chunk_size
+    }
+    #[getter]
+    fn chunk_sizes(&self) -> Vec<u64> {
+        self.inner.sizes()
+    }
+    #[getter]
+    fn default_ideal_readers(&self) -> u64 {
+        self.inner.default_ideal_readers()
+    }
+    fn __len__(&self) -> usize {
+        self.inner.len() as usize
+    }
+    /// Contexts by global index (manifest order) as a `(len(indices), seqlen)` array.
+    fn get<'py>(&self, py: Python<'py>, indices: Vec<u64>, dtype: &str) -> PyResult<Bound<'py, PyAny>> {
+        let dt = out_dtype(py, dtype)?;
+        let cache = self.inner.clone();
+        let n = cache.len();
+        if let Some(bad) = indices.iter().find(|&&i| i >= n) {
+            return Err(pyo3::exceptions::PyIndexError::new_err(format!("context {bad} out of range (cache holds {n})")));
+        }
+        let rows = indices.len();
+        let seqlen = cache.seqlen();
+        let batch = py
+            .detach(move || -> tokshuf_core::Result<Batch> {
+                let locs = indices.iter().filter_map(|&i| cache.global_to_local(i));
+                fn fill<T: Id>(c: &Cache, l: impl Iterator<Item = (u64, u64)>, rows: usize) -> tokshuf_core::Result<Vec<T>> {
+                    let mut out = vec![T::default(); rows * c.seqlen()];
+                    c.read_many(l, &mut out).map(|_| out)
+                }
+                Ok(match dt {
+                    OutDtype::U16 => Batch::U16(fill(&cache, locs, rows)?),
+                    OutDtype::U32 => Batch::U32(fill(&cache, locs, rows)?),
+                    OutDtype::I32 => Batch::I32(fill(&cache, locs, rows)?),
+                    OutDtype::I64 => Batch::I64(fill(&cache, locs, rows)?),
+                })
+            })
+            .map_err(|e| to_pyerr(py, e))?;
+        to_numpy(py, rows, seqlen, batch)
+    }
+}
+
+/// One rank's batches over an example source. Stateless: batches are addressed by their first
+/// global example; the Python `Reader` keeps the position.
+#[pyclass(frozen, module = "tokshuf._core")]
+pub struct ReaderCore {
+    pub spec: Arc<BatchSpec>,
+}
+
+impl ReaderCore {
+    /// For other sources (blends): wrap a source over `caches` in a reader.
+    #[allow(clippy::too_many_arguments)]
+    pub fn from_source(
+        py: Python<'_>,
+        caches: Vec<Arc<Cache>>,
+        source: Arc<dyn Source>,
+        batch_size: u64,
+        rank: u64,
+        world_size: u64,
+        dtype: &str,
+        drop_last: bool,
+    ) -> PyResult<Self> {
+        let dt = out_dtype(py, dtype)?;
+        let spec = BatchSpec::new(caches, source, batch_size, rank, world_size, dt, drop_last).map_err(|e| to_pyerr(py, e))?;
+        Ok(ReaderCore { spec: Arc::new(spec) })
+    }
+}
+
+#[pymethods]
+impl ReaderCore {
+    #[new]
+    #[pyo3(signature = (cache, batch_size, rank, world_size, ideal_readers, seed, reshuffle, single_pass, drop_last, dtype))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        cache: &PyCache,
+        batch_size: u64,
+        rank: u64,
+        world_size: u64,
+        ideal_readers: u64,
+        seed: u64,
+        reshuffle: bool,
+        single_pass: bool,
+        drop_last: bool,
+        dtype: &str,
+    ) -> PyResult<Self> {
+        let c = cache.inner.clone();
+        if c.is_empty() {
+            return Err(to_pyerr(py, Error::Config(format!("{}: cache holds no contexts", c.root.display()))));
+        }
+        if ideal_readers == 0 {
+            return Err(to_pyerr(py, Error::Config("ideal_readers must be positive".into())));
+        }
+        let sizes = c.sizes();
+        let source: Arc<dyn Source> = if single_pass {
+            Arc::new(SinglePass::new(&sizes))
+        } else {
+            Arc::new(Order::new(&sizes, c.meta.chunk_size, OrderOptions { ideal_readers, seed, reshuffle }))
+        };
+        Self::from_source(py, vec![c], source, batch_size, rank, world_size, dtype, drop_last)
+    }
+
+    /// This rank's slice of the global batch starting at example `first`.
+    fn batch<'py>(&self, py: Python<'py>, first: u64) -> PyResult<Bound<'py, PyAny>> {
+        let spec = self.spec.clone();
+        let (rows, b) = py.detach(move || spec.assemble(first)).map_err(|e| to_pyerr(py, e))?;
+        to_numpy(py, rows, self.spec.seqlen, b)
+    }
+
+    /// (component, chunk, index in tar order) of global example `i`.
+    fn locate(&self, py: Python<'_>, i: u64) -> PyResult<(usize, u64, u64)> {
+        if i >= tokshuf_core::reader::MAX_EXAMPLE || self.spec.source.num_examples().is_some_and(|n| i >= n) {
+            return Err(to_pyerr(py, Error::Config(format!("example {i} out of range"))));
+        }
+        let l = self.spec.source.locate(i);
+        Ok((l.component, l.chunk, l.index))
+    }
+
+    /// Number of examples of a finite source (None when endless).
+    #[getter]
+    fn num_examples(&self) -> Option<u64> {
+        self.spec.source.num_examples()
+    }
+    /// Batches start at examples below this (None when endless).
+    #[getter]
+    fn end(&self) -> Option<u64> {
+        self.spec.end
+    }
+    #[getter]
+    fn seqlen(&self) -> usize {
+        self.spec.seqlen
+    }
+    /// What defines the sequence besides the caches (order version and options).
+    #[getter]
+    fn source_description(&self) -> String {
+        self.spec.source.describe()
+    }
+
+    /// Start read-ahead of the batches at examples `first + k * every * batch_size` (threads
+    /// start now, not before).
+    #[pyo3(signature = (first, threads, depth, every=1))]
+    fn prefetch(&self, py: Python<'_>, first: u64, threads: usize, depth: usize, every: u64) -> PyResult<PyPrefetcher> {
+        let p = Prefetcher::start(self.spec.clone(), first, every, threads, depth).map_err(|e| to_pyerr(py, e))?;
+        Ok(PyPrefetcher { inner: Mutex::new(Some(p)), seqlen: self.spec.seqlen })
+    }
+}
+
+/// Batches read ahead on background threads, handed out in order.
+#[pyclass(frozen, module = "tokshuf._core", name = "Prefetcher")]
+pub struct PyPrefetcher {
+    inner: Mutex<Option<Prefetcher>>,
+    seqlen: usize,
+}
+
+#[pymethods]
+impl PyPrefetcher {
+    /// `(first example, array)` of the next batch, or None at the end of a single pass.
+    fn next<'py>(&self, py: Python<'py>) -> PyResult<Option<(u64, Bound<'py, PyAny>)>> {
+        let taken = self.inner.try_lock().ok().and_then(|mut g| g.take());
+        let Some(mut p) = taken else {
+            return Err(pyo3::exceptions::PyRuntimeError::new_err("tokshuf: a Reader was used from two threads at once"));
+        };
+        loop {
+            let (back, r) = py.detach(move || {
+                let r = p.next(Duration::from_millis(50));
+                (p, r)
+            });
+            p = back;
+            match r {
+                Ok(Next::Timeout) => {
+                    // On Ctrl-C the prefetcher is dropped; the Reader starts a new one next time.
+                    py.check_signals()?;
+                }
+                Ok(Next::Batch(first, rows, b)) => {
+                    *self.inner.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
+                    return Ok(Some((first, to_numpy(py, rows, self.seqlen, b)?)));
+                }
+                Ok(Next::End) => {
+                    *self.inner.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
+                    return Ok(None);
+                }
+                Err(e) => return Err(to_pyerr(py, e)),
+            }
+        }
+    }
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyCache>()?;
+    m.add_class::<ReaderCore>()?;
+    m.add_class::<PyPrefetcher>()?;
+    Ok(())
+}
