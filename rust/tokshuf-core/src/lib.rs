@@ -18,8 +18,11 @@ pub mod hash;
 pub mod input;
 pub mod meta;
 pub mod progress;
+pub mod resume;
 pub mod shard;
 pub mod stage1;
+pub mod stream;
+pub mod testhook;
 pub mod tokenizer;
 
 pub use error::{Error, Result};
