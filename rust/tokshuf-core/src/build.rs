@@ -24,7 +24,7 @@ use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
@@ -233,7 +233,9 @@ fn build_shuffled(run: &mut Run<'_>, manifest: &mut Manifest) -> Result<Value> {
     let spills = Spills::open(work, counts.len(), recipe.seqlen as u64 * recipe.dtype.size() as u64)?;
     let spec = run.shard_spec();
     let listed = manifest.lines.clone();
-    let writer = ChunkWriter { spec: &spec, spills: &spills, padded: &padded, listed: &listed, progress: &run.progress };
+    let shared_manifest = Mutex::new(&mut *manifest);
+    let writer =
+        ChunkWriter { spec: &spec, spills: &spills, padded: &padded, listed: &listed, manifest: &shared_manifest, progress: &run.progress };
     run.progress.stage("write", chunk_sizes.len() as u64);
     run.progress.advance(listed.len() as u64, 0, 0);
     let budget_ids = (run.opts.memory_limit / 4 / 8).max(cs * 2);
@@ -250,10 +252,7 @@ fn build_shuffled(run: &mut Run<'_>, manifest: &mut Manifest) -> Result<Value> {
         carry.extend(shuffled_cells(&run.pool, recipe.seed, &counts, cells, c0, c1, &sizes[c0 as usize..c1 as usize]));
         let full = (carry.len() as u64 / cs) * cs;
         let upto = if c1 == cells { carry.len() } else { full as usize };
-        let lines = run.pool.install(|| writer.write_chunks(next_chunk, &carry[..upto], cs))?;
-        for (i, line) in lines.into_iter().enumerate() {
-            manifest.add(next_chunk + i as u64, line)?;
-        }
+        run.pool.install(|| writer.write_chunks(next_chunk, &carry[..upto], cs))?;
         next_chunk += upto.div_ceil(cs as usize) as u64;
         carry.drain(..upto);
         c0 = c1;
@@ -446,9 +445,14 @@ impl Streamer<'_, '_> {
         self.collect(true)
     }
 
+    /// Wait for the chunks in flight after an error, still listing those that were written.
     fn drain_quietly(&mut self) {
-        while self.in_flight > 0 && self.rx.recv().is_ok() {
+        while self.in_flight > 0 {
+            let Ok((chunk, r)) = self.rx.recv() else { break };
             self.in_flight -= 1;
+            if let Ok(line) = r {
+                let _ = self.manifest.add(chunk, line);
+            }
         }
     }
 }
@@ -579,24 +583,28 @@ struct ChunkWriter<'a> {
     padded: &'a HashMap<u64, u32>,
     /// Lines a killed run listed: those chunks are done.
     listed: &'a [ManifestLine],
+    manifest: &'a Mutex<&'a mut Manifest>,
     progress: &'a Progress,
 }
 
 impl ChunkWriter<'_> {
     /// Write the chunks `first, first+1, ...` holding `ids` in order, in parallel.
-    fn write_chunks(&self, first: u64, ids: &[u64], cs: u64) -> Result<Vec<ManifestLine>> {
-        ids.par_chunks(cs as usize).enumerate().map(|(i, c)| self.write_chunk(first + i as u64, c)).collect()
+    /// Write the chunks `first, first+1, ...` holding `ids` in order, in parallel, listing each
+    /// in the manifest as soon as it and all before it are written.
+    fn write_chunks(&self, first: u64, ids: &[u64], cs: u64) -> Result<()> {
+        ids.par_chunks(cs as usize).enumerate().try_for_each(|(i, c)| self.write_chunk(first + i as u64, c))
     }
 
-    fn write_chunk(&self, chunk: u64, ids: &[u64]) -> Result<ManifestLine> {
-        if let Some(line) = self.listed.get(chunk as usize) {
-            return Ok(line.clone());
+    fn write_chunk(&self, chunk: u64, ids: &[u64]) -> Result<()> {
+        if chunk < self.listed.len() as u64 {
+            return Ok(());
         }
         let padding: u64 = ids.iter().filter_map(|id| self.padded.get(id)).map(|&n| n as u64).sum();
         let mut cache = HashMap::new();
         let line = write_shard(self.spec, chunk, ids.len(), padding, |i, buf| self.spills.read(&mut cache, ids[i as usize], buf))?;
         self.progress.advance(1, line.bytes, line.num_tokens);
-        Ok(line)
+        let mut manifest = self.manifest.lock().map_err(|_| Error::Config("internal error: manifest lock poisoned".into()))?;
+        manifest.add(chunk, line)
     }
 }
 

@@ -15,7 +15,7 @@ pub enum Error {
     Io { path: PathBuf, source: std::io::Error },
     /// No space left on the device holding `path`. Nothing published is harmed: free space
     /// and run the same build again to resume.
-    #[error("{path}: no space left on device ({source}); free some space and run the same build again to resume it")]
+    #[error("{path}: no space left on device; free some space and run the same build again to resume it")]
     DiskFull { path: PathBuf, source: std::io::Error },
     /// Options that do not make sense together, or a value out of range.
     #[error("{0}")]

@@ -132,7 +132,7 @@ pub fn prepare(output: &Path, work: &Path, recipe: &Recipe, overwrite: bool) -> 
         // No recipe anywhere: an empty folder, or a build killed before its first metadata
         // (left only `*.tmp` files or a work folder without state). Shards without metadata
         // are another matter: they may be someone's data.
-        if existing.is_some() || (entries.iter().any(|n| is_data(n)) && !overwrite) {
+        if !overwrite && (existing.is_some() || entries.iter().any(|n| is_data(n))) {
             return Err(Error::OutputExists(format!(
                 "{}: holds cache files but no readable tokshuf.json; pass overwrite=True (--overwrite) to start over",
                 output.display()
