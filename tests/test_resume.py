@@ -160,6 +160,21 @@ def test_killed_at_named_points_resumes_identically(tmp_path, shuffle, seed):
     assert_same_cache(got, want)
 
 
+@pytest.mark.parametrize("point", ["stage2.group:2", "stage2.shard:20"])
+def test_killed_between_cell_groups_resumes_identically(tmp_path, point):
+    """A small memory budget makes stage 2 walk the cells in many groups, with chunks that
+    straddle two groups; killed mid-way, the resumed run must rebuild the same carry-over."""
+    inputs = make_corpus(tmp_path / "in")
+    opts = dict(OPTS, num_local_cells=24, memory_limit=16 << 10)
+    want = tmp_path / "clean"
+    tokshuf.build_cache(inputs, want, **opts)
+    got = tmp_path / "resumed"
+    for _ in range(3):
+        assert run_to_pause(inputs, got, opts, point, tmp_path / "trace.txt") == point
+    tokshuf.build_cache(inputs, got, **opts)
+    assert_same_cache(got, want)
+
+
 def timed_build(inputs, out, opts) -> float:
     t0 = time.monotonic()
     proc = start_build(inputs, out, opts, {})

@@ -167,7 +167,11 @@ pub fn build(opts: &BuildOptions, cancel: Arc<AtomicBool>) -> Result<Value> {
     // A resumed build keeps the metadata it has: a reader following the build must never see
     // it go back (say from "writing", with the chunk plan, to "building").
     if !out.join(META_NAME).exists() {
-        run.write_meta(if recipe.shuffle { "building" } else { "streaming" }, json!({}))?;
+        if recipe.shuffle {
+            run.write_meta("building", json!({}))?;
+        } else {
+            run.write_meta("streaming", json!({ "num_chunks_ready": 0 }))?;
+        }
     }
     testhook::point("start");
     let mut manifest = Manifest::open(out, matches!(start, Start::Fresh))?;
@@ -252,6 +256,7 @@ fn build_shuffled(run: &mut Run<'_>, manifest: &mut Manifest) -> Result<Value> {
         carry.extend(shuffled_cells(&run.pool, recipe.seed, &counts, cells, c0, c1, &sizes[c0 as usize..c1 as usize]));
         let full = (carry.len() as u64 / cs) * cs;
         let upto = if c1 == cells { carry.len() } else { full as usize };
+        testhook::point("stage2.group");
         run.pool.install(|| writer.write_chunks(next_chunk, &carry[..upto], cs))?;
         next_chunk += upto.div_ceil(cs as usize) as u64;
         carry.drain(..upto);
@@ -407,10 +412,9 @@ impl Streamer<'_, '_> {
             return Ok(());
         }
         let path = stage1::spill_path(self.run.work, p.file);
-        let spill = match self.live.get(&p.file) {
-            Some(h) => h.clone(),
-            None => Arc::new(File::open(&path).map_err(|e| Error::io(&path, e))?),
-        };
+        // A finished spill is opened by the task itself: many chunks can be queued at once
+        // (a resumed build places all chunks of its finished files together).
+        let live = self.live.get(&p.file).cloned();
         let end = p.start + p.len;
         let padding: u64 = self.summaries[p.file]
             .as_ref()
@@ -419,9 +423,12 @@ impl Streamer<'_, '_> {
         self.in_flight += 1;
         self.run.pool.spawn(move || {
             let cb = spec.context_bytes();
-            let r = write_shard(&spec, p.chunk, p.len as usize, padding, |i, buf| {
-                spill.read_exact_at(buf, (p.start + i) * cb).map_err(|e| Error::io(&path, e))
-            });
+            let r = match live.map_or_else(|| File::open(&path).map(Arc::new), Ok) {
+                Ok(spill) => write_shard(&spec, p.chunk, p.len as usize, padding, |i, buf| {
+                    spill.read_exact_at(buf, (p.start + i) * cb).map_err(|e| Error::io(&path, e))
+                }),
+                Err(e) => Err(Error::io(&path, e)),
+            };
             let _ = tx.send((p.chunk, r));
         });
         Ok(())
