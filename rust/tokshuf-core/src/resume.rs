@@ -292,3 +292,31 @@ pub fn status(output: &Path, local_cell_dir: Option<&Path>) -> Result<Value> {
         "work_dir": if work.exists() { json!(work.display().to_string()) } else { Value::Null },
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn manifest_prefix_ignores_a_torn_last_line() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let line = |k: u64| {
+            format!(r#"{{"shard":"{}","num_sequences":4,"num_tokens":8,"bytes":3072,"sha256":"ab"}}"#, meta::shard_stem(k))
+        };
+        let text = format!("{}\n{}\n{}", line(0), line(1), &line(2)[..20]);
+        std::fs::write(dir.path().join(MANIFEST_NAME), text).expect("write");
+        let lines = manifest_prefix(dir.path());
+        assert_eq!(lines.iter().map(|l| l.shard.as_str()).collect::<Vec<_>>(), ["shard_00000000", "shard_00000001"]);
+        assert!(manifest_prefix(&dir.path().join("missing")).is_empty());
+    }
+
+    #[test]
+    fn only_our_names_are_ours() {
+        for name in ["tokshuf.json", "manifest.jsonl", ".tokshuf-work", "shard_00000003.tar", "shard_00000003.tar.tmp", "tokshuf.json.tmp"] {
+            assert!(is_ours(name), "{name}");
+        }
+        for name in ["notes.txt", "data.tmp", "shard_1.npy", "tokshuf.jsonx"] {
+            assert!(!is_ours(name), "{name}");
+        }
+    }
+}
