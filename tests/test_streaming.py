@@ -121,7 +121,7 @@ def test_chunks_are_published_while_files_are_tokenized(tmp_path):
     # Stop the build just as its last input file is finished, before the plan is known.
     assert run_to_pause(inputs, out, opts, "stage1.file:4", tmp_path / "trace.txt") == "stage1.file:4"
     trace = (tmp_path / "trace.txt").read_text().splitlines()
-    assert "stage2.shard" in trace[: trace.index("stage1.file")], "no chunk written before the first file ended"
+    assert "stage2.shard" in trace[: trace.index("paused stage1.file")], "no chunk written during stage 1"
     meta = json.loads((out / "tokshuf.json").read_text())
     assert meta["status"] == "streaming" and "num_chunks" not in meta
     listed = (out / "manifest.jsonl").read_text().splitlines()
