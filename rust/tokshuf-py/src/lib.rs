@@ -2,6 +2,8 @@
 //! heavy work with the GIL released (checking for Ctrl-C while it waits), and turns core
 //! errors into the exception classes of `tokshuf.exceptions`. No logic of its own.
 
+mod status;
+
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -14,10 +16,8 @@ use pyo3::types::PyType;
 use tokshuf_core::meta::{BuildOptions, ErrorPolicy, Format, Tail};
 use tokshuf_core::Error;
 
-mod status;
-
 /// Raise `err` as the `tokshuf.exceptions` class it maps to.
-pub(crate) fn to_pyerr(py: Python<'_>, err: Error) -> PyErr {
+fn to_pyerr(py: Python<'_>, err: Error) -> PyErr {
     if matches!(err, Error::Interrupted) {
         return pyo3::exceptions::PyKeyboardInterrupt::new_err("interrupted");
     }
