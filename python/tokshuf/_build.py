@@ -90,9 +90,13 @@ def build_cache(
 ) -> BuildStats:
     """Tokenize jsonl corpora into a shuffled WebDataset cache (see README and DESIGN.md).
 
-    Running the same call again resumes an interrupted build, or returns at once if the cache
-    is complete. ``threads``, ``memory_limit``, ``local_cell_dir`` and ``progress`` never
-    change the output; every other argument does.
+    Running the same call again resumes an interrupted build (killed, out of disk space...) to
+    the same bytes, or returns at once if the cache is complete. Other options or changed input
+    files against an existing build raise ``OutputExistsError`` saying what differs;
+    ``overwrite=True`` discards the existing build and starts over. ``threads``,
+    ``memory_limit``, ``local_cell_dir`` and ``progress`` never change the output; every other
+    argument does. With ``shuffle=False`` the build streams: chunks are written (and listed in
+    manifest.jsonl) while the input files are still being tokenized.
     """
     for name, value in (("seqlen", seqlen), ("chunk_size", chunk_size)):
         if not isinstance(value, int) or value < 1:

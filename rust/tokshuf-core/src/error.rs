@@ -13,6 +13,10 @@ pub enum Error {
     /// Operating-system level failure on a path (not found, permission, disk full...).
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
+    /// No space left on the device holding `path`. Nothing published is harmed: free space
+    /// and run the same build again to resume.
+    #[error("{path}: no space left on device; free some space and run the same build again to resume it")]
+    DiskFull { path: PathBuf, source: std::io::Error },
     /// Options that do not make sense together, or a value out of range.
     #[error("{0}")]
     Config(String),
@@ -32,7 +36,11 @@ pub enum Error {
 
 impl Error {
     pub fn io(path: impl AsRef<Path>, source: std::io::Error) -> Self {
-        Error::Io { path: path.as_ref().to_path_buf(), source }
+        let path = path.as_ref().to_path_buf();
+        if source.kind() == std::io::ErrorKind::StorageFull || source.raw_os_error() == Some(28) {
+            return Error::DiskFull { path, source };
+        }
+        Error::Io { path, source }
     }
     pub fn corrupt(path: impl AsRef<Path>, reason: impl Into<String>) -> Self {
         Error::Corrupt { path: path.as_ref().to_path_buf(), reason: reason.into() }
@@ -47,6 +55,7 @@ impl Error {
                 _ if source.raw_os_error() == Some(28) => "DiskFullError",
                 _ => "TokshufIOError",
             },
+            Error::DiskFull { .. } => "DiskFullError",
             Error::Config(_) => "ConfigError",
             Error::Tokenizer(_) => "TokenizerError",
             Error::Corrupt { .. } => "CacheCorruptError",

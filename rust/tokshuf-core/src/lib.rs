@@ -22,8 +22,11 @@ pub mod meta;
 pub mod order;
 pub mod progress;
 pub mod reader;
+pub mod resume;
 pub mod shard;
 pub mod stage1;
+pub mod stream;
+pub mod testhook;
 pub mod tokenizer;
 
 pub use error::{Error, Result};

@@ -174,10 +174,27 @@ pub fn shard_stem(chunk: u64) -> String {
 
 /// Write `data` to `path` through a temporary name in the same folder, fsynced, then renamed.
 pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
+    write_atomic_as(path, data, &path.file_name().unwrap_or_default().to_string_lossy())
+}
+
+/// `write_atomic`, naming the write `name` for the test hooks (`testhook`).
+pub fn write_atomic_as(path: &Path, data: &[u8], name: &str) -> Result<()> {
     use std::io::Write;
     let tmp = tmp_name(path);
     let mut f = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
-    f.write_all(data).and_then(|_| f.sync_all()).map_err(|e| Error::io(&tmp, e))?;
+    let (head, rest) = data.split_at(data.len() / 2);
+    let written = crate::testhook::charge(head.len())
+        .and_then(|_| f.write_all(head))
+        .map(|_| crate::testhook::point(&format!("atomic_partial:{name}")))
+        .and_then(|_| crate::testhook::charge(rest.len()))
+        .and_then(|_| f.write_all(rest))
+        .and_then(|_| f.sync_all());
+    if let Err(e) = written {
+        drop(f);
+        let _ = std::fs::remove_file(&tmp);
+        return Err(Error::io(&tmp, e));
+    }
+    crate::testhook::point(&format!("atomic:{name}"));
     std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
 }
 

@@ -130,6 +130,7 @@ struct HashingWriter<W> {
 
 impl<W: Write> Write for HashingWriter<W> {
     fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        crate::testhook::charge(data.len())?;
         let n = self.inner.write(data)?;
         self.hasher.update(&data[..n]);
         self.bytes += n as u64;

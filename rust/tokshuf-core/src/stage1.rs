@@ -7,7 +7,7 @@
 //! A file's summary JSON is written after its spill is complete and fsynced: its presence
 //! marks the file as done, so a resumed build never tokenizes it again.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -21,7 +21,7 @@ use crate::input::{self, Line, LineBatcher};
 use crate::meta::{self, Dtype, ErrorPolicy, FileSummary, Tail};
 use crate::tokenizer::Encoder;
 
-const BATCH_BYTES: usize = 1 << 20;
+pub const BATCH_BYTES: usize = 1 << 20;
 const MAX_EXAMPLES: usize = 5;
 
 /// What every worker needs to turn lines into ids.
@@ -67,8 +67,31 @@ enum Done {
     Passthrough(Job),
 }
 
+/// What the caller of `run` hears about, on the consuming thread, in file order per file.
+pub enum Event<'a> {
+    /// The first `count` contexts of `file` are in its spill and readable through `spill`
+    /// (sent each time the count passes a multiple of `notify_every`).
+    Contexts { file: usize, count: u64, spill: &'a Arc<File> },
+    /// `file` is done: its spill is renamed into place and its summary is durable.
+    Done { file: usize, summary: &'a FileSummary, spill_bytes: u64 },
+    /// Nothing arrived for a while (lets the caller do its own bookkeeping).
+    Idle,
+}
+
+/// How stage 1 walks its files.
+#[derive(Clone, Copy)]
+pub struct Schedule {
+    /// Files read at the same time, one batch each in turn (1: one file after another).
+    pub window: usize,
+    /// Send `Event::Contexts` every this many contexts of a file (0: never).
+    pub notify_every: u64,
+    /// Bytes of input lines per tokenizer task (and per turn of a file).
+    pub batch_bytes: usize,
+}
+
 /// Tokenize `files` (indices into `paths`, ascending) and write their spills into `work`.
-/// `on_file` is called after each file is durably done.
+/// `on_event` runs on the calling thread; an error from it stops stage 1.
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     cfg: &Arc<Stage1Config>,
     paths: &[PathBuf],
@@ -76,7 +99,8 @@ pub fn run(
     work: &Path,
     pool: &Arc<rayon::ThreadPool>,
     cancel: &Arc<AtomicBool>,
-    mut on_file: impl FnMut(usize, &FileSummary, u64),
+    schedule: Schedule,
+    mut on_event: impl FnMut(Event<'_>) -> Result<()>,
 ) -> Result<()> {
     if files.is_empty() {
         return Ok(());
@@ -85,6 +109,8 @@ pub fn run(
     let (slot_tx, slot_rx) = bounded::<()>(in_flight); // bounds batches in flight
     let (done_tx, done_rx) = unbounded::<(u64, Done)>();
     let stop = Arc::new(AtomicBool::new(false));
+    let window = schedule.window.max(1);
+    let batch_bytes = schedule.batch_bytes.max(1);
 
     let reader = {
         let paths: Vec<(usize, PathBuf)> = files.iter().map(|&f| (f, paths[f].clone())).collect();
@@ -119,123 +145,160 @@ pub fn run(
                     }
                     true
                 };
-                for (file, path) in &paths {
-                    let reader = match input::open(path) {
-                        Ok(r) => r,
-                        Err(error) => {
-                            emit(Job::OpenError { error });
-                            return;
-                        }
-                    };
-                    let mut lines = LineBatcher::new(reader);
-                    loop {
-                        let (mut buf, mut ends) = (Vec::with_capacity(BATCH_BYTES + 4096), Vec::new());
-                        let first_line = lines.next_line;
-                        match lines.fill(&mut buf, &mut ends, BATCH_BYTES) {
-                            Ok(true) => {
-                                if !emit(Job::Lines { file: *file, first_line, buf, ends }) {
-                                    return;
-                                }
-                            }
-                            Ok(false) => break,
+                // Up to `window` files are open; each turn reads one batch of the first and
+                // puts it back at the end, so open files advance together.
+                let mut queue = paths.iter();
+                let mut open: std::collections::VecDeque<(usize, LineBatcher<Box<dyn std::io::BufRead + Send>>)> =
+                    std::collections::VecDeque::new();
+                loop {
+                    while open.len() < window {
+                        let Some((file, path)) = queue.next() else { break };
+                        match input::open(path) {
+                            Ok(r) => open.push_back((*file, LineBatcher::new(r))),
                             Err(error) => {
-                                // Lines read before the failure in this batch are still good.
-                                let line = lines.next_line;
-                                if !ends.is_empty() && !emit(Job::Lines { file: *file, first_line, buf, ends }) {
-                                    return;
-                                }
-                                if !emit(Job::StreamError { file: *file, line, error }) {
-                                    return;
-                                }
-                                break;
+                                emit(Job::OpenError { error });
+                                return;
                             }
                         }
                     }
-                    if !emit(Job::FileEnd { file: *file }) {
-                        return;
+                    let Some((file, mut lines)) = open.pop_front() else { return };
+                    let (mut buf, mut ends) = (Vec::with_capacity(batch_bytes + 4096), Vec::new());
+                    let first_line = lines.next_line;
+                    match lines.fill(&mut buf, &mut ends, batch_bytes) {
+                        Ok(true) => {
+                            if !emit(Job::Lines { file, first_line, buf, ends }) {
+                                return;
+                            }
+                            open.push_back((file, lines));
+                        }
+                        Ok(false) => {
+                            if !emit(Job::FileEnd { file }) {
+                                return;
+                            }
+                        }
+                        Err(error) => {
+                            // Lines read before the failure in this batch are still good.
+                            let line = lines.next_line;
+                            if !ends.is_empty() && !emit(Job::Lines { file, first_line, buf, ends }) {
+                                return;
+                            }
+                            if !emit(Job::StreamError { file, line, error }) || !emit(Job::FileEnd { file }) {
+                                return;
+                            }
+                        }
                     }
                 }
             })
             .map_err(|e| Error::Config(format!("cannot start reader thread: {e}")))?
     };
 
-    let result = consume(cfg, paths, work, &done_rx, &slot_rx, cancel, &mut on_file, files.len());
+    let mut writers: HashMap<usize, FileWriter> = HashMap::new();
+    let ctx = Consume { cfg, paths, work, done_rx: &done_rx, slot_rx: &slot_rx, cancel, schedule };
+    let result = ctx.run(&mut writers, &mut on_event, files.len());
     stop.store(true, Ordering::Relaxed);
     drop(slot_rx); // unblocks the reader if it waits for a slot
     let _ = reader.join();
     // Every task holds a sender: draining until all are gone means none outlives this call.
     while done_rx.recv().is_ok() {}
+    // Spills of files left unfinished (an error, Ctrl-C) are redone by the next run anyway;
+    // removing them now gives their space back (it may be a full disk that stopped us).
+    for (_, w) in writers.drain() {
+        let tmp = w.tmp.clone();
+        drop(w);
+        let _ = std::fs::remove_file(tmp);
+    }
     result
 }
 
-#[allow(clippy::too_many_arguments)]
-fn consume(
-    cfg: &Stage1Config,
-    paths: &[PathBuf],
-    work: &Path,
-    done_rx: &crossbeam_channel::Receiver<(u64, Done)>,
-    slot_rx: &crossbeam_channel::Receiver<()>,
-    cancel: &AtomicBool,
-    on_file: &mut impl FnMut(usize, &FileSummary, u64),
-    mut files_left: usize,
-) -> Result<()> {
-    let mut pending: BTreeMap<u64, Done> = BTreeMap::new();
-    let mut next = 0u64;
-    let mut current: Option<(usize, FileWriter)> = None;
-    while files_left > 0 {
-        if cancel.load(Ordering::Relaxed) {
-            return Err(Error::Interrupted);
-        }
-        let (seq, done) = match done_rx.recv_timeout(std::time::Duration::from_millis(100)) {
-            Ok(v) => v,
-            Err(crossbeam_channel::RecvTimeoutError::Timeout) => continue,
-            Err(_) => return Err(Error::Config("stage 1 workers stopped unexpectedly".into())),
-        };
-        pending.insert(seq, done);
-        while let Some(done) = pending.remove(&next) {
-            next += 1;
-            let _ = slot_rx.try_recv();
-            let file = match &done {
-                Done::Lines { file, .. } => *file,
-                Done::Passthrough(Job::Lines { file, .. } | Job::StreamError { file, .. } | Job::FileEnd { file }) => *file,
-                Done::Passthrough(Job::OpenError { .. }) => usize::MAX,
+struct Consume<'a> {
+    cfg: &'a Stage1Config,
+    paths: &'a [PathBuf],
+    work: &'a Path,
+    done_rx: &'a crossbeam_channel::Receiver<(u64, Done)>,
+    slot_rx: &'a crossbeam_channel::Receiver<()>,
+    cancel: &'a AtomicBool,
+    schedule: Schedule,
+}
+
+impl Consume<'_> {
+    fn run(
+        &self,
+        writers: &mut HashMap<usize, FileWriter>,
+        on_event: &mut impl FnMut(Event<'_>) -> Result<()>,
+        mut files_left: usize,
+    ) -> Result<()> {
+        let (cfg, paths, work) = (self.cfg, self.paths, self.work);
+        let mut pending: BTreeMap<u64, Done> = BTreeMap::new();
+        let mut next = 0u64;
+        let buffer = ((1usize << 20) / self.schedule.window.max(1)).max(64 << 10);
+        while files_left > 0 {
+            if self.cancel.load(Ordering::Relaxed) {
+                return Err(Error::Interrupted);
+            }
+            let (seq, done) = match self.done_rx.recv_timeout(std::time::Duration::from_millis(100)) {
+                Ok(v) => v,
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                    on_event(Event::Idle)?;
+                    continue;
+                }
+                Err(_) => return Err(Error::Config("stage 1 workers stopped unexpectedly".into())),
             };
-            if file != usize::MAX && current.as_ref().map(|c| c.0) != Some(file) {
-                current = Some((file, FileWriter::create(cfg, &spill_path(work, file))?));
-            }
-            match done {
-                Done::Passthrough(Job::OpenError { error }) => return Err(error),
-                Done::Lines { out, .. } => {
-                    let t = out?;
-                    let (_, w) = current.as_mut().expect("set above");
-                    w.absorb(cfg, &paths[file], t)?;
+            pending.insert(seq, done);
+            while let Some(done) = pending.remove(&next) {
+                next += 1;
+                let _ = self.slot_rx.try_recv();
+                let file = match &done {
+                    Done::Lines { file, .. } => *file,
+                    Done::Passthrough(Job::Lines { file, .. } | Job::StreamError { file, .. } | Job::FileEnd { file }) => *file,
+                    Done::Passthrough(Job::OpenError { .. }) => usize::MAX,
+                };
+                if file != usize::MAX && !writers.contains_key(&file) {
+                    writers.insert(file, FileWriter::create(cfg, &spill_path(work, file), buffer)?);
                 }
-                Done::Passthrough(Job::StreamError { line, error, .. }) => {
-                    let (_, w) = current.as_mut().expect("set above");
-                    let reason = format!("cannot decompress or read: {error}");
-                    match cfg.errors {
-                        ErrorPolicy::Raise => {
-                            return Err(Error::BadInput {
-                                path: paths[file].clone(),
-                                line,
-                                reason,
-                                kind: SkipReason::CorruptStream,
-                            })
+                match done {
+                    Done::Passthrough(Job::OpenError { error }) => return Err(error),
+                    Done::Lines { out, .. } => {
+                        let t = out?;
+                        let w = writers.get_mut(&file).expect("inserted above");
+                        w.absorb(cfg, &paths[file], t)?;
+                        let every = self.schedule.notify_every;
+                        let n = w.summary.num_contexts;
+                        if every > 0 && n / every > w.notified / every {
+                            w.out.flush().map_err(|e| Error::io(&w.tmp, e))?;
+                            w.notified = n;
+                            on_event(Event::Contexts { file, count: n, spill: &w.shared })?;
                         }
-                        ErrorPolicy::Skip => w.skip(&paths[file], SkipReason::CorruptStream, line, &reason),
                     }
+                    Done::Passthrough(Job::StreamError { line, error, .. }) => {
+                        let w = writers.get_mut(&file).expect("inserted above");
+                        let reason = format!("cannot decompress or read: {error}");
+                        match cfg.errors {
+                            ErrorPolicy::Raise => {
+                                return Err(Error::BadInput {
+                                    path: paths[file].clone(),
+                                    line,
+                                    reason,
+                                    kind: SkipReason::CorruptStream,
+                                })
+                            }
+                            ErrorPolicy::Skip => w.skip(&paths[file], SkipReason::CorruptStream, line, &reason),
+                        }
+                    }
+                    Done::Passthrough(Job::FileEnd { .. }) => {
+                        let w = writers.remove(&file).expect("inserted above");
+                        let tmp = w.tmp.clone();
+                        let (summary, spill_bytes) = w.finish(cfg, cfg.tail, work, file).inspect_err(|_| {
+                            let _ = std::fs::remove_file(&tmp);
+                        })?;
+                        on_event(Event::Done { file, summary: &summary, spill_bytes })?;
+                        files_left -= 1;
+                    }
+                    Done::Passthrough(Job::Lines { .. }) => unreachable!("lines are always tokenized"),
                 }
-                Done::Passthrough(Job::FileEnd { .. }) => {
-                    let (_, w) = current.take().expect("set above");
-                    let (summary, spill_bytes) = w.finish(cfg, cfg.tail, work, file)?;
-                    on_file(file, &summary, spill_bytes);
-                    files_left -= 1;
-                }
-                Done::Passthrough(Job::Lines { .. }) => unreachable!("lines are always tokenized"),
             }
         }
+        Ok(())
     }
-    Ok(())
 }
 
 fn tokenize_batch(cfg: &Stage1Config, path: &Path, first_line: u64, buf: &[u8], ends: &[usize]) -> Result<Tokenized> {
@@ -270,25 +333,48 @@ fn tokenize_batch(cfg: &Stage1Config, path: &Path, first_line: u64, buf: &[u8], 
     Ok(t)
 }
 
+/// A spill file written through a buffer while other threads read its finished part.
+pub struct SharedFile(pub Arc<File>);
+
+impl Write for SharedFile {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        (&*self.0).write(data)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Cuts one file's id stream into contexts and appends them to its spill.
 struct FileWriter {
-    out: BufWriter<File>,
+    out: BufWriter<SharedFile>,
+    shared: Arc<File>,
     tmp: PathBuf,
     cur: Vec<u32>,
     bytes: Vec<u8>,
     summary: FileSummary,
+    notified: u64,
 }
 
 impl FileWriter {
-    fn create(cfg: &Stage1Config, path: &Path) -> Result<Self> {
+    fn create(cfg: &Stage1Config, path: &Path, buffer: usize) -> Result<Self> {
         let tmp = meta::tmp_name(path);
-        let f = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)
+            .map_err(|e| Error::io(&tmp, e))?;
+        let shared = Arc::new(f);
         Ok(FileWriter {
-            out: BufWriter::with_capacity(1 << 20, f),
+            out: BufWriter::with_capacity(buffer, SharedFile(shared.clone())),
+            shared,
             tmp,
             cur: Vec::with_capacity(cfg.seqlen),
             bytes: Vec::new(),
             summary: FileSummary::default(),
+            notified: 0,
         })
     }
 
@@ -331,7 +417,9 @@ impl FileWriter {
 
     fn write_context(&mut self, cfg: &Stage1Config, ids: &[u32]) -> Result<()> {
         encode_ids(cfg.dtype, ids, &mut self.bytes);
-        self.out.write_all(&self.bytes).map_err(|e| Error::io(&self.tmp, e))?;
+        crate::testhook::charge(self.bytes.len())
+            .and_then(|_| self.out.write_all(&self.bytes))
+            .map_err(|e| Error::io(&self.tmp, e))?;
         self.summary.num_contexts += 1;
         Ok(())
     }
@@ -354,22 +442,28 @@ impl FileWriter {
             }
             Tail::Pad => {}
         }
-        let f = self.out.into_inner().map_err(|e| Error::io(&self.tmp, e.into_error()))?;
+        self.out.flush().map_err(|e| Error::io(&self.tmp, e))?;
+        let f = &self.shared;
         f.sync_all().map_err(|e| Error::io(&self.tmp, e))?;
         let spill_bytes = f.metadata().map(|m| m.len()).unwrap_or(0);
         let path = spill_path(work, file);
         std::fs::rename(&self.tmp, &path).map_err(|e| Error::io(&path, e))?;
+        crate::testhook::point("stage1.spill");
         meta::write_atomic(&summary_path(work, file), &meta::to_json_bytes(&self.summary))?;
+        crate::testhook::point("stage1.file");
         Ok((self.summary, spill_bytes))
     }
 }
 
 /// Window an already-known id stream (the stitched tails) into a spill, padding the last one.
 pub fn write_stitched(cfg: &Stage1Config, work: &Path, file: usize, ids: &[u32]) -> Result<FileSummary> {
-    let mut w = FileWriter::create(cfg, &spill_path(work, file))?;
-    w.absorb(cfg, Path::new(""), Tokenized { ids: ids.to_vec(), ..Default::default() })?;
-    let (s, _) = w.finish(cfg, Tail::Pad, work, file)?;
-    Ok(s)
+    let mut w = FileWriter::create(cfg, &spill_path(work, file), 1 << 20)?;
+    let tmp = w.tmp.clone();
+    let r = w.absorb(cfg, Path::new(""), Tokenized { ids: ids.to_vec(), ..Default::default() }).and_then(|_| w.finish(cfg, Tail::Pad, work, file));
+    if r.is_err() {
+        let _ = std::fs::remove_file(tmp);
+    }
+    Ok(r?.0)
 }
 
 pub fn encode_ids(dtype: Dtype, ids: &[u32], out: &mut Vec<u8>) {

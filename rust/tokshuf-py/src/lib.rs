@@ -4,6 +4,7 @@
 
 mod blend;
 mod reader;
+mod status;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -220,5 +221,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Tokenizer>()?;
     blend::register(m)?;
     reader::register(m)?;
+    status::register(m)?;
     Ok(())
 }
