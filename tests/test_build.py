@@ -17,6 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import cacheio
+from model import model_round_robin, model_streams
 import tokref
 import tokshuf
 from conftest import make_docs, write_jsonl
@@ -35,55 +36,6 @@ def build(inputs, out, **kw):
 
 def multiset(contexts):
     return Counter(tuple(c) for c in contexts)
-
-
-# --------------------------------------------------------------------------------------
-# A pure-Python model of windowing, tails and the unshuffled chunk order (DESIGN §4, §5).
-
-
-def model_streams(files_docs, encode, seqlen, tail, bos, pad):
-    """Contexts of each stream (input files, then the stitched tails) and the counts."""
-    streams, tails = [], []
-    stats = Counter()
-    for docs in files_docs:
-        ids = []
-        for d in docs:
-            if d == "":
-                stats["empty_documents"] += 1
-                continue
-            stats["num_documents"] += 1
-            ids += ([bos] if bos is not None else []) + encode(d) + [EOT]
-        stats["num_tokens"] += len(ids)
-        n = len(ids) // seqlen
-        contexts = [ids[i * seqlen:(i + 1) * seqlen] for i in range(n)]
-        rest = ids[n * seqlen:]
-        if tail == "pad" and rest:
-            contexts.append(rest + [pad] * (seqlen - len(rest)))
-            stats["num_padding_tokens"] += seqlen - len(rest)
-        elif tail == "stitch":
-            tails += rest
-        elif tail == "drop":
-            stats["dropped_tokens"] += len(rest)
-            stats["num_tokens"] -= len(rest)
-        streams.append(contexts)
-    if tail == "stitch":
-        n = len(tails) // seqlen
-        contexts = [tails[i * seqlen:(i + 1) * seqlen] for i in range(n)]
-        rest = tails[n * seqlen:]
-        if rest:
-            contexts.append(rest + [pad] * (seqlen - len(rest)))
-            stats["num_padding_tokens"] += seqlen - len(rest)
-        streams.append(contexts)
-    return streams, stats
-
-
-def model_round_robin(streams, chunk_size):
-    """shuffle=False: chunk c is the (c div K)-th chunk of stream c mod K, exhausted ones dropped."""
-    per_stream = [[s[i:i + chunk_size] for i in range(0, len(s), chunk_size)] for s in streams]
-    chunks = []
-    for j in range(max((len(p) for p in per_stream), default=0)):
-        chunks.extend(p[j] for p in per_stream if j < len(p))
-    return chunks
 
 
 # --------------------------------------------------------------------------------------
@@ -144,7 +96,7 @@ def test_byte_identical_with_many_batches_per_file(tmp_path):
     assert cacheio.file_bytes(tmp_path / "t1") == cacheio.file_bytes(tmp_path / "t2")
     build([big, small], tmp_path / "plain", threads=2, shuffle=False, **opts)
     expected, _ = model_streams(
-        [make_docs(3600, 7), make_docs(30, 8)], tokshuf.Tokenizer(SPEC).encode, 128, "stitch", None, EOT
+        [make_docs(3600, 7), make_docs(30, 8)], tokshuf.Tokenizer(SPEC).encode, 128, "stitch", None, EOT, EOT
     )
     got = [c.tolist() for ch in cacheio.read_chunks(tmp_path / "plain") for c in ch]
     assert got == [c for ch in model_round_robin(expected, 64) for c in ch]
@@ -168,7 +120,7 @@ def encode():
        tail=st.sampled_from(["stitch", "pad", "drop"]), bos=st.booleans(),
        fmt=st.sampled_from(["npy", "json.gz"]))
 def test_windowing_matches_model(encode, files, seqlen, chunk_size, tail, bos, fmt):
-    streams, stats = model_streams(files, encode, seqlen, tail, BOS if bos else None, PAD)
+    streams, stats = model_streams(files, encode, seqlen, tail, BOS if bos else None, PAD, EOT)
     assert not {PAD, BOS} & {t for docs in files for d in docs for t in encode(d)}
     expected = model_round_robin(streams, chunk_size)
     with tempfile.TemporaryDirectory() as tmp:
