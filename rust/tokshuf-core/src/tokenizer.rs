@@ -128,9 +128,9 @@ pub const TIKTOKEN_NAMES: [&str; 4] = ["r50k_base", "p50k_base", "cl100k_base", 
 
 /// How a pattern splits a long whitespace run. The regexes' greedy `\s+(?!\S)` pushes one
 /// backtracking entry per character, so fancy-regex (and Python tiktoken, which panics) fails
-/// with "Max stack size exceeded" on runs of ~500k characters. Inside a run of at least two
-/// whitespace characters only the whitespace alternatives can match, and their outcome is
-/// simple enough to compute directly (see `long_whitespace_piece`).
+/// with "Max stack size exceeded" on runs of about a million characters. Inside a run of at
+/// least two whitespace characters only the whitespace alternatives can match, and their
+/// outcome is simple enough to compute directly (see `long_whitespace_piece`).
 #[derive(Clone, Copy, Debug)]
 enum WsRule {
     /// `\s++$|\s+(?!\S)|\s` (r50k, p50k)
