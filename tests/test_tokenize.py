@@ -195,6 +195,25 @@ def test_whitespace_runs_equal_reference(spec):
         assert g == e, f"{text[:12]!r}... ({len(text)} chars)"
 
 
+def _million_space_run(spec: str):
+    """Beyond the reference's limit: compare with its pieces, "x" | n-1 spaces | " y" (every
+    pattern splits a run followed by a letter that way), each encoded by the reference."""
+    n = 1_100_000
+    ref = tokref.tiktoken_reference(spec.split(":")[1])
+    expected = ref.encode_ordinary("x") + ref._encode_bytes(b" " * (n - 1)) + ref.encode_ordinary(" y")
+    assert ours(spec).encode("x" + " " * n + "y") == expected
+
+
+def test_million_space_run_r50k():
+    _million_space_run("tiktoken:r50k_base")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", TIKTOKEN_SPECS[1:], ids=spec_id)
+def test_million_space_run(spec):
+    _million_space_run(spec)
+
+
 def test_neox_whitespace_runs_equal_reference():
     texts = [frame.format(ws * n) for ws in WHITESPACE for frame in FRAMES for n in (1, 2, 65, 3000)]
     assert ours(NEOX).encode_batch(texts) == tokref.reference_encode_batch(NEOX, texts)
