@@ -243,12 +243,14 @@ def test_open_lm_reads_json_gz_including_the_last_shard(corpus, tmp_path):
     assert got == cacheio.read_contexts(tmp_path / "npy")
 
 
-@pytest.mark.parametrize("seqlen", [50, 2049, 253])
-def test_npy_members_at_fixed_stride(corpus, tmp_path, seqlen):
+@pytest.mark.parametrize("tokenizer,seqlen,dtype", [(SPEC, 50, "uint16"), (SPEC, 2049, "uint16"),
+                                                     ("tiktoken:cl100k_base", 253, "uint32")])
+def test_npy_members_at_fixed_stride(corpus, tmp_path, tokenizer, seqlen, dtype):
     out = tmp_path / "c"
-    build(corpus, out, seqlen=seqlen, chunk_size=7, num_local_cells=3)
+    build(corpus, out, tokenizer=tokenizer, seqlen=seqlen, chunk_size=7, num_local_cells=3)
     meta = cacheio.metadata(out)
-    dtype = np.dtype(meta["dtype"])
+    assert meta["dtype"] == dtype
+    dtype = np.dtype(dtype)
     reference = io.BytesIO()
     np.save(reference, np.zeros(seqlen, dtype=dtype.newbyteorder("<")))
     data_len = len(reference.getvalue())
