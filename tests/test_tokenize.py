@@ -145,6 +145,13 @@ def test_random_text_equals_reference(docs):
         assert ours(spec).encode_batch(docs) == tokref.reference_encode_batch(spec, docs), spec
 
 
+@given(st.lists(st.text(alphabet="aeinrstlhoAE", min_size=257, max_size=3000), min_size=1, max_size=4))
+def test_long_pieces_equal_reference(words):
+    """Pieces over 256 bytes take the heap merge instead of tiktoken's scan."""
+    for spec in ("tiktoken:r50k_base", "tiktoken:cl100k_base", "tiktoken:o200k_base"):
+        assert ours(spec).encode_batch(words) == tokref.reference_encode_batch(spec, words), spec
+
+
 # --------------------------------------------------------------------------------------
 # Special-token strings in text are ordinary text (DESIGN §4).
 
