@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("RUST_BACKTRACE", "0")  # tiktoken's panics print a backtrace otherwise
+os.environ["RUST_BACKTRACE"] = "0"  # tiktoken's panics print a backtrace otherwise
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
