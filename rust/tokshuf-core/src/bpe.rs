@@ -146,43 +146,60 @@ impl BytePairEncoder {
     }
 
     /// Same merges as `merge_scan` in O(n log n): symbols form a linked list over byte
-    /// offsets, candidate pairs sit in a min-heap keyed by (rank, start) and are dropped when
-    /// popped if either side changed since they were pushed.
+    /// offsets, candidate pairs sit in a min-heap keyed by `rank << 32 | start` (so the lowest
+    /// rank wins, leftmost first), and a popped candidate is stale unless `pair_rank[start]`
+    /// still holds its rank. That check is exact: the pair starting at a symbol only ever
+    /// grows, and a rank names one byte string, so a rank seen again means the same pair.
+    /// One `u64` per entry keeps the heap small; on a 1 MB piece the heap, not the hashing,
+    /// is the cost, and its cache misses grow with its size.
     fn merge_heap(&self, piece: &[u8], out: &mut Vec<u32>) {
         let n = piece.len();
-        const NONE: usize = usize::MAX;
-        let mut next: Vec<usize> = (1..=n).collect();
-        let mut prev: Vec<usize> = (0..n).map(|i| if i == 0 { NONE } else { i - 1 }).collect();
-        let mut alive = vec![true; n];
-        let mut heap = BinaryHeap::with_capacity(n);
+        debug_assert!(n < u32::MAX as usize); // pieces come from one document line
+        const NONE: u32 = u32::MAX;
+        let mut next: Vec<u32> = (1..=n as u32).collect();
+        let mut prev: Vec<u32> = (0..n as u32).map(|i| if i == 0 { NONE } else { i - 1 }).collect();
+        let mut pair_rank: Vec<u32> = vec![NONE; n];
+        let mut initial = Vec::with_capacity(n);
         for i in 0..n - 1 {
             if let Some(r) = self.rank(&piece[i..i + 2]) {
-                heap.push(Reverse((r, i, i + 2)));
+                pair_rank[i] = r;
+                initial.push(Reverse(((r as u64) << 32) | i as u64));
             }
         }
-        while let Some(Reverse((_, s, e))) = heap.pop() {
-            if !alive[s] || next[s] >= n || next[next[s]] != e {
+        let mut heap = BinaryHeap::from(initial);
+        while let Some(Reverse(key)) = heap.pop() {
+            let (r, s) = ((key >> 32) as u32, (key & 0xFFFF_FFFF) as usize);
+            if pair_rank[s] != r {
                 continue;
             }
-            alive[next[s]] = false;
-            next[s] = e;
+            // Merge the symbol at s with its right neighbour [m, e).
+            let m = next[s] as usize;
+            let e = next[m] as usize;
+            next[s] = e as u32;
+            pair_rank[m] = NONE;
+            pair_rank[s] = NONE;
             if e < n {
-                prev[e] = s;
-                if let Some(r) = self.rank(&piece[s..next[e]]) {
-                    heap.push(Reverse((r, s, next[e])));
+                prev[e] = s as u32;
+                if let Some(r) = self.rank(&piece[s..next[e] as usize]) {
+                    pair_rank[s] = r;
+                    heap.push(Reverse(((r as u64) << 32) | s as u64));
                 }
             }
             let p = prev[s];
             if p != NONE {
+                let p = p as usize;
+                pair_rank[p] = NONE;
                 if let Some(r) = self.rank(&piece[p..e]) {
-                    heap.push(Reverse((r, p, e)));
+                    pair_rank[p] = r;
+                    heap.push(Reverse(((r as u64) << 32) | p as u64));
                 }
             }
         }
         let mut s = 0;
         while s < n {
-            out.push(self.token(&piece[s..next[s]]));
-            s = next[s];
+            let e = next[s] as usize;
+            out.push(self.token(&piece[s..e]));
+            s = e;
         }
     }
 }

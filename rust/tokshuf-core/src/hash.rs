@@ -121,15 +121,37 @@ mod tests {
 
     #[test]
     fn golden_values_are_stable() {
-        // Pinned: a change here changes every cache ever built.
+        // Pinned: a change here changes every cache ever built. The same values are pinned
+        // in tests/test_shuffle.py against a Python reimplementation (tests/model.py).
         assert_eq!(mix64(0), 0);
+        assert_eq!(mix64(1), 0x5692_161d_100b_05e5);
+        assert_eq!(mix64(0xdead_beef), 0x4e06_2702_ec92_9eea);
+        assert_eq!(combine(0, 0), 0x5196_65bf_9141_6c4d);
+        assert_eq!(cell_hash(0, 0, 0), 0x44d6_b7e3_2390_bbb0);
+        assert_eq!(cell_hash(42, 3, 1000), 0xf7b9_ea67_c1b1_e9a1);
+        assert_eq!(cell_hash(u64::MAX, (1 << 24) - 1, (1 << 40) - 1), 0xaf0e_2adf_8407_8823);
         assert_eq!(SplitMix64::new(0).next_u64(), 0xE220_A839_7B1D_CDAF);
-        assert_eq!(cell_hash(0, 0, 0), cell_hash(0, 0, 0));
+        let mut r = SplitMix64::new(1);
+        assert_eq!((0..8).map(|_| r.below(10)).collect::<Vec<_>>(), vec![5, 7, 9, 4, 4, 7, 8, 5]);
+        // n just above 2^63 rejects about half the draws: pins the rejection loop too.
+        let mut r = SplitMix64::new(3);
+        assert_eq!(
+            (0..6).map(|_| r.below((1 << 63) + 1)).collect::<Vec<_>>(),
+            vec![
+                1046394712501569526,
+                672077022357742823,
+                8196980753821780235,
+                8195237237126968761,
+                6441936413023419750,
+                3099058506491908065
+            ]
+        );
         let mut v: Vec<u32> = (0..10).collect();
         fisher_yates(&mut v, &mut cell_rng(0, 0));
-        let mut sorted = v.clone();
-        sorted.sort();
-        assert_eq!(sorted, (0..10).collect::<Vec<_>>());
+        assert_eq!(v, vec![1, 9, 5, 4, 3, 6, 7, 8, 2, 0]);
+        let mut v: Vec<u32> = (0..10).collect();
+        fisher_yates(&mut v, &mut cell_rng(7, 3));
+        assert_eq!(v, vec![0, 6, 3, 9, 5, 4, 8, 2, 1, 7]);
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //!   `encode_special_tokens = True`.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use sha2::{Digest, Sha256};
 
@@ -82,6 +82,7 @@ const O200K_PAT: &str = concat!(
 struct TiktokenSpec {
     data: &'static [u8],
     pattern: &'static str,
+    ws: WsRule,
     /// (token, id) of the special tokens; the first is end-of-text.
     specials: &'static [(&'static str, u32)],
 }
@@ -91,16 +92,19 @@ fn tiktoken_spec(name: &str) -> Option<TiktokenSpec> {
         "r50k_base" | "gpt2" => TiktokenSpec {
             data: include_bytes!("../data/r50k_base.tiktoken.gz"),
             pattern: R50K_PAT,
+            ws: WsRule::R50k,
             specials: &[("<|endoftext|>", 50256)],
         },
         "p50k_base" => TiktokenSpec {
             data: include_bytes!("../data/p50k_base.tiktoken.gz"),
             pattern: R50K_PAT,
+            ws: WsRule::R50k,
             specials: &[("<|endoftext|>", 50256)],
         },
         "cl100k_base" => TiktokenSpec {
             data: include_bytes!("../data/cl100k_base.tiktoken.gz"),
             pattern: CL100K_PAT,
+            ws: WsRule::Cl100k,
             specials: &[
                 ("<|endoftext|>", 100257),
                 ("<|fim_prefix|>", 100258),
@@ -112,6 +116,7 @@ fn tiktoken_spec(name: &str) -> Option<TiktokenSpec> {
         "o200k_base" => TiktokenSpec {
             data: include_bytes!("../data/o200k_base.tiktoken.gz"),
             pattern: O200K_PAT,
+            ws: WsRule::O200k,
             specials: &[("<|endoftext|>", 199999), ("<|endofprompt|>", 200018)],
         },
         _ => return None,
@@ -121,18 +126,110 @@ fn tiktoken_spec(name: &str) -> Option<TiktokenSpec> {
 /// Names accepted after `tiktoken:`.
 pub const TIKTOKEN_NAMES: [&str; 4] = ["r50k_base", "p50k_base", "cl100k_base", "o200k_base"];
 
+/// How a pattern splits a long whitespace run. The regexes' greedy `\s+(?!\S)` pushes one
+/// backtracking entry per character, so fancy-regex (and Python tiktoken, which panics) fails
+/// with "Max stack size exceeded" on runs of about a million characters. Inside a run of at
+/// least two whitespace characters only the whitespace alternatives can match, and their
+/// outcome is simple enough to compute directly (see `long_whitespace_piece`).
+#[derive(Clone, Copy, Debug)]
+enum WsRule {
+    /// `\s++$|\s+(?!\S)|\s` (r50k, p50k)
+    R50k,
+    /// `\s++$|\s*[\r\n]|\s+(?!\S)|\s` (cl100k)
+    Cl100k,
+    /// `\s*[\r\n]+|\s+(?!\S)|\s+` (o200k)
+    O200k,
+}
+
+/// Whitespace runs at least this many characters long are split without the regex.
+const LONG_WHITESPACE: usize = 64;
+
+/// Per-thread copies of the pattern. A compiled fancy-regex keeps its matching scratch in a
+/// pool that only its first user reaches without locking: shared by the workers, every other
+/// thread paid for a locked pool on each match (about a tenth of its time, in profiles).
+/// Rayon worker `i` < `REGEX_SLOTS` compiles its own copy on first use; other threads share.
+const REGEX_SLOTS: usize = 64;
+
 struct Tiktoken {
     bpe: BytePairEncoder,
     regex: fancy_regex::Regex,
+    per_thread: Vec<OnceLock<fancy_regex::Regex>>,
+    ws: WsRule,
     decoder: Vec<Vec<u8>>,
+}
+
+fn compile_pattern(pattern: &str) -> std::result::Result<fancy_regex::Regex, fancy_regex::Error> {
+    fancy_regex::RegexBuilder::new(pattern).backtrack_limit(100_000_000).build()
+}
+
+impl Tiktoken {
+    fn regex(&self) -> &fancy_regex::Regex {
+        match rayon::current_thread_index() {
+            Some(i) if i < REGEX_SLOTS => self.per_thread[i]
+                .get_or_init(|| compile_pattern(self.regex.as_str()).unwrap_or_else(|_| self.regex.clone())),
+            _ => &self.regex,
+        }
+    }
+
+    /// The piece (its length in bytes) the pattern matches at `pos` when a whitespace run of
+    /// at least `LONG_WHITESPACE` characters starts there; `None` otherwise (use the regex).
+    /// With two or more whitespace characters ahead, every letter, number and punctuation
+    /// alternative fails (each needs a non-space at `pos` or `pos + 1`), which leaves:
+    /// the run up to its end if it reaches the end of the text (`\s++$`), else up to and
+    /// including its last `\r`/`\n` (`\s*[\r\n]`, not r50k), else all but its last character
+    /// (`\s+(?!\S)`). o200k tries the newline rule before the end-of-text one.
+    fn long_whitespace_piece(&self, text: &str, pos: usize) -> Option<usize> {
+        let rest = &text[pos..];
+        let (mut chars, mut end, mut last_char, mut last_newline) = (0usize, 0usize, 0usize, None);
+        for (i, c) in rest.char_indices() {
+            if !c.is_whitespace() {
+                break;
+            }
+            chars += 1;
+            last_char = c.len_utf8();
+            end = i + last_char;
+            if c == '\r' || c == '\n' {
+                last_newline = Some(end);
+            }
+        }
+        if chars < LONG_WHITESPACE {
+            return None;
+        }
+        let at_end = end == rest.len();
+        let all_but_last = end - last_char;
+        Some(match self.ws {
+            WsRule::R50k => if at_end { end } else { all_but_last },
+            WsRule::Cl100k => if at_end { end } else { last_newline.unwrap_or(all_but_last) },
+            WsRule::O200k => last_newline.unwrap_or(if at_end { end } else { all_but_last }),
+        })
+    }
 }
 
 impl Encoder for Tiktoken {
     fn encode_into(&self, text: &str, out: &mut Vec<u32>) -> std::result::Result<(), String> {
-        for m in self.regex.find_iter(text) {
-            let m = m.map_err(|e| format!("tokenizer regex failed: {e}"))?;
-            if !m.as_str().is_empty() {
+        // `find_iter`, unrolled so that long whitespace runs can bypass the regex. The
+        // patterns have no look-behind or `^`, so matching from `pos` equals `find_iter`'s.
+        let mut pos = 0;
+        while pos < text.len() {
+            let b = text.as_bytes()[pos];
+            if b >= 0x80 || (b as char).is_whitespace() {
+                if let Some(len) = self.long_whitespace_piece(text, pos) {
+                    self.bpe.encode_piece(&text.as_bytes()[pos..pos + len], out);
+                    pos += len;
+                    continue;
+                }
+            }
+            let m = match self.regex().find_from_pos(text, pos) {
+                Ok(Some(m)) => m,
+                Ok(None) => break,
+                Err(e) => return Err(format!("tokenizer regex failed: {e}")),
+            };
+            if m.end() > m.start() {
                 self.bpe.encode_piece(m.as_str().as_bytes(), out);
+                pos = m.end();
+            } else {
+                // An empty match: step over one character, as `find_iter` does.
+                pos = m.end() + text[m.end()..].chars().next().map_or(1, char::len_utf8);
             }
         }
         Ok(())
@@ -165,10 +262,8 @@ fn load_tiktoken(spec: &str, name: &str) -> Result<Tokenizer> {
     for &(tok, id) in s.specials {
         decoder[id as usize] = tok.as_bytes().to_vec();
     }
-    let regex = fancy_regex::RegexBuilder::new(s.pattern)
-        .backtrack_limit(100_000_000)
-        .build()
-        .map_err(|e| Error::Tokenizer(format!("{spec}: bad pattern: {e}")))?;
+    let regex = compile_pattern(s.pattern).map_err(|e| Error::Tokenizer(format!("{spec}: bad pattern: {e}")))?;
+    let per_thread = (0..REGEX_SLOTS).map(|_| OnceLock::new()).collect();
     let eot = s.specials[0].1;
     Ok(Tokenizer {
         spec: spec.to_string(),
@@ -178,7 +273,7 @@ fn load_tiktoken(spec: &str, name: &str) -> Result<Tokenizer> {
         eot_id: Some(eot),
         pad_id: None,
         bos_id: None,
-        encoder: Arc::new(Tiktoken { bpe: BytePairEncoder::new(ranks)?, regex, decoder }),
+        encoder: Arc::new(Tiktoken { bpe: BytePairEncoder::new(ranks)?, regex, per_thread, ws: s.ws, decoder }),
     })
 }
 
