@@ -106,13 +106,16 @@ def model_streams(files_docs, encode, seqlen, tail, bos, pad, eot):
     return streams, stats
 
 
-def model_round_robin(streams, chunk_size):
-    """shuffle=False: chunk c is the (c div K)-th chunk of stream c mod K, exhausted ones dropped."""
+def model_round_robin(streams, chunk_size, stitched=False):
+    """shuffle=False: chunk c is the (c div K)-th chunk of input file c mod K, exhausted ones
+    dropped; the stitched tails (the last stream when ``stitched``) come after every round,
+    since they are only known once every file is done and streaming must not wait for them."""
     per_stream = [[s[i:i + chunk_size] for i in range(0, len(s), chunk_size)] for s in streams]
+    tail_chunks = per_stream.pop() if stitched else []
     chunks = []
     for j in range(max((len(p) for p in per_stream), default=0)):
         chunks.extend(p[j] for p in per_stream if j < len(p))
-    return chunks
+    return chunks + tail_chunks
 
 
 def shuffled_ids(counts: Sequence[int], seed: int, cells: int) -> List[tuple]:

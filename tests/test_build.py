@@ -99,7 +99,7 @@ def test_byte_identical_with_many_batches_per_file(tmp_path):
         [make_docs(3600, 7), make_docs(30, 8)], tokshuf.Tokenizer(SPEC).encode, 128, "stitch", None, EOT, EOT
     )
     got = [c.tolist() for ch in cacheio.read_chunks(tmp_path / "plain") for c in ch]
-    assert got == [c for ch in model_round_robin(expected, 64) for c in ch]
+    assert got == [c for ch in model_round_robin(expected, 64, stitched=True) for c in ch]
 
 
 # --------------------------------------------------------------------------------------
@@ -122,7 +122,7 @@ def encode():
 def test_windowing_matches_model(encode, files, seqlen, chunk_size, tail, bos, fmt):
     streams, stats = model_streams(files, encode, seqlen, tail, BOS if bos else None, PAD, EOT)
     assert not {PAD, BOS} & {t for docs in files for d in docs for t in encode(d)}
-    expected = model_round_robin(streams, chunk_size)
+    expected = model_round_robin(streams, chunk_size, stitched=tail == "stitch")
     with tempfile.TemporaryDirectory() as tmp:
         paths = [write_jsonl(Path(tmp) / "in" / f"f{i}.jsonl", docs) for i, docs in enumerate(files)]
         out = Path(tmp) / "cache"
@@ -154,8 +154,7 @@ def test_removing_padding_and_splitting_on_eot_gives_documents_back(encode, docs
         build(path, Path(tmp) / "c", shuffle=False, seqlen=seqlen, chunk_size=2, tail=tail,
               pad_id=PAD, bos=bos, bos_id=BOS if bos else None)
         contexts = cacheio.read_contexts(Path(tmp) / "c")
-    # With one file the only padded context is the tail; the unshuffled order may place the
-    # stitched tail's chunk before later chunks of the file, so put it last.
+    # With one file the only padded context is the tail (placed last in any case).
     padded = [c for c in contexts if PAD in c]
     assert len(padded) <= (0 if tail == "drop" else 1)
     stream = [t for c in contexts if PAD not in c for t in c] + [t for c in padded for t in c]
