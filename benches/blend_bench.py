@@ -75,15 +75,17 @@ def timed(fn, *args, repeat=1):
 
 
 def fake_caches(root: Path, sizes) -> list:
-    """Folders holding only the tokshuf.json a Blend reads (no shards)."""
+    """Caches of one chunk each with tokshuf.json and manifest but no shards, opened without
+    the shard stat (a Blend opens every component as a tokshuf.Cache)."""
     tok = {"spec": "tiktoken:r50k_base", "sha256": "ab" * 32, "vocab_size": 50257, "backend": "tiktoken"}
     paths = []
     for i, n in enumerate(sizes):
         d = root / f"c{i:05d}"
         d.mkdir()
-        meta = {"format_version": 1, "status": "complete", "seqlen": 2049, "dtype": "uint16",
-                "num_contexts": int(n), "tokenizer": tok}
+        meta = {"format_version": 1, "status": "complete", "seqlen": 2049, "dtype": "uint16", "format": "npy",
+                "chunk_size": int(n), "num_chunks": 1, "num_contexts": int(n), "recipe": {}, "tokenizer": tok}
         (d / "tokshuf.json").write_text(json.dumps(meta))
+        (d / "manifest.jsonl").write_text(json.dumps({"shard": "shard_00000000", "num_sequences": int(n)}) + "\n")
         paths.append(d)
     return paths
 
@@ -123,8 +125,9 @@ def main() -> None:
         paths = fake_caches(Path(tmp), sizes)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            t_blend, blend = timed(lambda: tokshuf.Blend(list(zip(paths, weights)), quantum=args.quantum))
-        out["tokshuf_blend_build_s"] = t_blend  # includes reading n tokshuf.json files
+            t_blend, blend = timed(lambda: tokshuf.Blend(
+                [(tokshuf.Cache(p, check_files=False), w) for p, w in zip(paths, weights)], quantum=args.quantum))
+        out["tokshuf_blend_build_s"] = t_blend  # includes opening n caches (tokshuf.json + manifest)
         t_bl, _ = timed(blend.locate_many, ms)
         out["tokshuf_blend_locate_many_s"] = t_bl
 

@@ -1,6 +1,7 @@
 """Reader benchmarks (issue 3): tokens/s delivered as NumPy batches by tokshuf's Reader versus
-stock webdataset on the same tars (and mosaicml-streaming / litdata when installed), seek time to
-step 1 and step 10^9, and the time to open a cache of 100,000 chunks.
+stock webdataset on the same tars (and mosaicml-streaming / litdata when installed), the same for
+a blend of the cache with itself, seek time to step 1 and step 10^9, and the time to open a cache
+of 100,000 chunks.
 
     python benches/read_bench.py --cache CACHE            # an existing cache (e.g. built from
                                                           # /work/corpus/out/subset100m)
@@ -51,6 +52,32 @@ def bench_tokshuf(cache: tokshuf.Cache, batch: int, seconds: float, results: Dic
             def run(dtype=dtype, threads=threads):
                 return iter(tokshuf.Reader(cache, batch_size=batch, dtype=dtype, prefetch=2 * threads, threads=threads))
             measure(f"tokshuf {dtype} threads={threads}", run, seconds, results)
+
+
+def bench_blend(cache: tokshuf.Cache, batch: int, seconds: float, results: Dict) -> None:
+    """The same cache read as a 70/30 blend of itself: the cost of the blend path (schedule
+    lookup, rows from two caches) against the single-cache rows above; and seek in a blend."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "listed twice"
+        blend = tokshuf.Blend([(cache, 0.7), (tokshuf.Cache(cache.path), 0.3)])
+    for threads in (1, 4):
+        def run(threads=threads):
+            return iter(tokshuf.Reader(blend, batch_size=batch, dtype="int32", prefetch=2 * threads, threads=threads))
+        measure(f"tokshuf blend int32 threads={threads}", run, seconds, results)
+    r = tokshuf.Reader(blend, batch_size=batch, prefetch=0)
+    for step in (1, 10**9):
+        r.seek(step=step)
+        next(r)
+        reps = 200
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            r.seek(step=step)
+            next(r)
+        ms = (time.perf_counter() - t0) / reps * 1e3
+        results[f"blend seek+batch step {step}"] = {"ms": ms}
+        print(f"  blend seek+batch to step {step:<12}{ms:>10.3f} ms", flush=True)
 
 
 def bench_webdataset(cache: tokshuf.Cache, batch: int, seconds: float, results: Dict) -> None:
@@ -228,6 +255,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"{cache!r}, {cache.format}, batch {args.batch_size}, cpus {os.cpu_count()}")
         print("throughput (page cache warm, one consuming thread):")
         bench_tokshuf(cache, args.batch_size, args.seconds, results)
+        bench_blend(cache, args.batch_size, args.seconds, results)
         bench_webdataset(cache, args.batch_size, args.seconds, results)
         bench_streaming(cache, args.batch_size, args.seconds, results, tmp)
         bench_litdata(cache, args.batch_size, args.seconds, results, tmp)

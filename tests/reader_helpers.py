@@ -136,10 +136,13 @@ def _member(name: str, data: bytes) -> bytes:
     return header + data + b"\0" * (-len(data) % 512)
 
 
-def context_ids(chunk: int, index: int, seqlen: int) -> np.ndarray:
-    """Ids of synthetic context (chunk, index): its own address first, then a pattern."""
+def context_ids(chunk: int, index: int, seqlen: int, tag: Optional[int] = None) -> np.ndarray:
+    """Ids of synthetic context (chunk, index): its own address first (then `tag`, if given:
+    which cache of a blend it is), then a pattern."""
     ids = np.arange(seqlen, dtype=np.uint32) + chunk * 7 + index * 13
     ids[0], ids[1] = chunk, index
+    if tag is not None:
+        ids[2] = tag
     return ids
 
 
@@ -150,19 +153,23 @@ def write_cache(
     seqlen: int = 8,
     fmt: str = "npy",
     extra: Optional[dict] = None,
+    tag: Optional[int] = None,
+    dtype: str = "uint32",
 ) -> Path:
-    """A cache in the exact tokshuf layout whose context (c, i) holds `context_ids(c, i)`."""
+    """A cache in the exact tokshuf layout whose context (c, i) holds `context_ids(c, i, tag)`
+    (ids modulo 2^16 for dtype uint16)."""
     import gzip
 
     root.mkdir(parents=True, exist_ok=True)
-    header = npy_header("<u4", seqlen)
+    descr = {"uint32": "<u4", "uint16": "<u2"}[dtype]
+    header = npy_header(descr, seqlen)
     lines = []
     for c, n in enumerate(sizes):
         buf = io.BytesIO()
         for i in range(n):
-            ids = context_ids(c, i, seqlen)
+            ids = context_ids(c, i, seqlen, tag).astype(descr)
             if fmt == "npy":
-                buf.write(_member(f"{c:08}_{i:08}.npy", header + ids.astype("<u4").tobytes()))
+                buf.write(_member(f"{c:08}_{i:08}.npy", header + ids.tobytes()))
             else:
                 payload = gzip.compress(json.dumps([int(x) for x in ids], separators=(",", ":")).encode(), mtime=0)
                 buf.write(_member(f"{c:08}_{i:08}.json.gz", payload))
@@ -175,7 +182,7 @@ def write_cache(
         "format_version": 1,
         "status": "complete",
         "seqlen": seqlen,
-        "dtype": "uint32",
+        "dtype": dtype,
         "format": fmt,
         "chunk_size": chunk_size,
         "num_chunks": len(sizes),
@@ -192,3 +199,8 @@ def write_cache(
 def addresses(batch: np.ndarray) -> List[Tuple[int, int]]:
     """(chunk, index) of each row of a batch of a synthetic cache."""
     return [(int(row[0]), int(row[1])) for row in batch]
+
+
+def tagged_addresses(batch: np.ndarray) -> List[Tuple[int, int, int]]:
+    """(tag, chunk, index) of each row of a batch of tagged synthetic caches (a blend)."""
+    return [(int(row[2]), int(row[0]), int(row[1])) for row in batch]

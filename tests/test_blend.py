@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import math
 import pickle
 import tempfile
 import warnings
 from fractions import Fraction
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 import pytest
@@ -17,51 +16,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import tokshuf
+from blend_helpers import TOK, fake_cache, manifest_only_cache, ref_draws, ref_quantise
 from tokshuf._cli_blend import add_blend_arguments, blend_from_args, parse_blend_spec
 from tokshuf._core import BlendSchedule
-
-# ---------------------------------------------------------------------------------------------
-# Reference: DESIGN §7 written out as plainly as possible.
-
-
-def ref_quantise(weights: Sequence[float], quantum: int) -> Tuple[List[int], List[int]]:
-    """Largest remainder with the documented float formula, then zero shares raised to 1."""
-    total = 0.0
-    for w in weights:  # left to right, like the core (Python's sum() may compensate)
-        total += w
-    xs = [(w / total) * quantum for w in weights]
-    q = [min(int(math.floor(x)), quantum) for x in xs]
-    rem = [x - math.floor(x) for x in xs]
-    while sum(q) > quantum:
-        q[max(range(len(q)), key=lambda i: (q[i], -i))] -= 1
-    order = sorted(range(len(q)), key=lambda i: (-rem[i], i))
-    short = quantum - sum(q)
-    for t in range(short):
-        q[order[t % len(q)]] += 1
-    raised = []
-    for i in range(len(q)):
-        if q[i] == 0:
-            q[max(range(len(q)), key=lambda j: (q[j], -j))] -= 1
-            q[i] = 1
-            raised.append(i)
-    return q, raised
-
-
-def ref_draws(quanta: Sequence[int], length: int, sizes: Optional[Sequence[int]] = None):
-    """The greedy loop run for `length` draws (not folded to one period): yields (k, sample)
-    and the counts after each draw."""
-    d = sum(quanta)
-    c = [0] * len(quanta)
-    for j in range(length):
-        k = 0
-        for i in range(1, len(quanta)):
-            # argmax of (j+1)*q_i/D - C_i, ties to the lowest i, in exact integers.
-            if (j + 1) * quanta[i] - d * c[i] > (j + 1) * quanta[k] - d * c[k]:
-                k = i
-        sample = c[k] if sizes is None else c[k] % sizes[k]
-        c[k] += 1
-        yield k, sample, list(c)
-
 
 def period_counts(schedule: BlendSchedule) -> np.ndarray:
     """C_i(j) for j = 0..D (counts after j draws), from the schedule's own period."""
@@ -202,7 +159,7 @@ def test_thousand_datasets_single_pass(tmp_path):
     rng = np.random.default_rng(1000)
     sizes = rng.integers(1, 60, 1000)
     weights = rng.uniform(0.01, 1.0, 1000)
-    comps = [(fake_cache(tmp_path, f"c{i}", int(n)), float(w)) for i, (n, w) in enumerate(zip(sizes, weights))]
+    comps = [(manifest_only_cache(tmp_path, f"c{i}", int(n)), float(w)) for i, (n, w) in enumerate(zip(sizes, weights))]
     b = tokshuf.Blend(comps)
     assert not b.raised
     n = b.single_pass_length()
@@ -220,20 +177,6 @@ def test_thousand_datasets_single_pass(tmp_path):
 
 # ---------------------------------------------------------------------------------------------
 # tokshuf.Blend over caches.
-
-TOK = {"spec": "tiktoken:r50k_base", "sha256": "ab" * 32, "vocab_size": 50257, "backend": "tiktoken"}
-
-
-def fake_cache(root: Path, name: str, num_contexts: int, **over) -> Path:
-    """A folder with only the tokshuf.json a blend looks at."""
-    meta = {"format_version": 1, "status": "complete", "seqlen": 64, "dtype": "uint16",
-            "num_contexts": num_contexts, "tokenizer": dict(TOK)}
-    meta.update(over)
-    d = root / name
-    d.mkdir(parents=True)
-    (d / "tokshuf.json").write_text(json.dumps(meta))
-    return d
-
 
 @given(weights=st.lists(st.floats(0.01, 100), min_size=1, max_size=6), data=st.data())
 def test_blend_locates_like_reference(weights, data):
@@ -288,16 +231,12 @@ def test_tiny_weight_is_raised_with_a_warning(tmp_path):
 
 
 def test_cache_object_is_accepted(tmp_path):
-    class FakeCache:  # what tokshuf.Cache offers: a path and its tokshuf.json
-        def __init__(self, path):
-            self.path = path
-            self.meta = json.loads((path / "tokshuf.json").read_text())
-
     a, c = fake_cache(tmp_path, "a", 3), fake_cache(tmp_path, "c", 4)
-    b = tokshuf.Blend([(FakeCache(a), 1), (c, 1)])
-    assert b.components[0].path == a and b.sizes.tolist() == [3, 4]
+    cache = tokshuf.Cache(a)
+    b = tokshuf.Blend([(cache, 1), (c, 1)])
+    assert b.components[0].cache is cache and b.components[0].path == a and b.sizes.tolist() == [3, 4]
     with pytest.warns(UserWarning, match="listed twice"):
-        tokshuf.Blend([(FakeCache(a), 1), (c, 1), (str(a), 2)])
+        tokshuf.Blend([(cache, 1), (c, 1), (str(a), 2)])
 
 
 def test_real_cache(small_corpus, tmp_path):
@@ -364,15 +303,15 @@ def test_config_errors(tmp_path, bad, match):
 
 
 def test_cache_errors(tmp_path):
-    with pytest.raises(tokshuf.InputNotFoundError, match="no tokshuf.json"):
+    # Components are opened as tokshuf.Cache, which checks them (test_reader.py has the rest).
+    with pytest.raises(tokshuf.InputNotFoundError, match="missing: no such cache folder"):
         tokshuf.Blend([(tmp_path / "missing", 1)])
     building = fake_cache(tmp_path, "building", 10, status="building")
-    with pytest.raises(tokshuf.CacheCorruptError, match="not complete"):
+    with pytest.raises(tokshuf.CacheCorruptError, match="building.*not finished"):
         tokshuf.Blend([(building, 1)])
-    broken = tmp_path / "broken"
-    broken.mkdir()
-    (broken / "tokshuf.json").write_text("{not json")
-    with pytest.raises(tokshuf.CacheCorruptError, match="not valid JSON"):
+    broken = fake_cache(tmp_path, "broken", 3)
+    (broken / "shard_00000000.tar").write_bytes(b"short")
+    with pytest.raises(tokshuf.CacheCorruptError, match="broken/shard_00000000.tar"):
         tokshuf.Blend([(broken, 1)])
     ok = fake_cache(tmp_path, "ok", 4)
     for q in (0, 2**70, 1.5):
@@ -431,4 +370,4 @@ def test_blend_subcommand(tmp_path, capsys):
     assert main(["blend", f"{a}:3", f"{c}:1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["components"][1]["quanta"] == 16384
     assert main(["blend", f"{a}:1", f"{tmp_path / 'none'}:1"]) == 1
-    assert "no tokshuf.json" in capsys.readouterr().err
+    assert "no such cache folder" in capsys.readouterr().err

@@ -4,8 +4,9 @@
 weights become integer shares ``q_i`` summing to the quantum, and one period is drawn with the
 corrected greedy rule. Blended example ``m`` is then example ``(m // D) * q_k + C`` of component
 ``k``, with ``(k, C) = schedule[m % D]``: an O(1) lookup, no per-sample index arrays, any number
-of components. A reader consumes blended example ``m`` exactly where it would consume
-``example[m]`` of a single cache; :meth:`Blend.locate_many` is the one call it needs.
+of components. ``tokshuf.Reader(blend, ...)`` reads blended example ``m`` exactly where it would
+read ``example[m]`` of a single cache, and each component orders its own examples as a single
+cache does (DESIGN §6, with the reader's R* and the blend's seed).
 """
 
 from __future__ import annotations
@@ -16,14 +17,15 @@ import math
 import numbers
 import os
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from ._cache import Cache
 from ._core import BlendSchedule
-from .exceptions import CacheCorruptError, ConfigError, InputNotFoundError
+from .exceptions import ConfigError
 
 DEFAULT_QUANTUM = 1 << 16
 MAX_QUANTUM = 1 << 30  # the core's bound: 12 bytes per draw
@@ -31,56 +33,32 @@ MAX_QUANTUM = 1 << 30  # the core's bound: 12 bytes per draw
 
 @dataclass(frozen=True)
 class BlendComponent:
-    """One cache of a blend: what was passed, where it lives, its weight and size."""
+    """One cache of a blend and its weight."""
 
-    source: Any
-    path: Path
+    cache: Cache
     weight: float
-    num_examples: int
-    meta: Mapping[str, Any] = field(repr=False)
+
+    @property
+    def path(self) -> Path:
+        return Path(self.cache.path)
+
+    @property
+    def num_examples(self) -> int:
+        return len(self.cache)
+
+    @property
+    def meta(self) -> Mapping[str, Any]:
+        """The cache's tokshuf.json."""
+        return self.cache.metadata
 
 
-def _read_meta(path: Path) -> Dict[str, Any]:
-    meta_path = path / "tokshuf.json"
-    try:
-        text = meta_path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputNotFoundError(f"{path}: not a tokshuf cache (no tokshuf.json)") from None
-    except OSError as e:
-        raise InputNotFoundError(f"{meta_path}: {e.strerror or e}") from None
-    try:
-        meta = json.loads(text)
-    except ValueError as e:
-        raise CacheCorruptError(f"{meta_path}: not valid JSON ({e})") from None
-    if not isinstance(meta, dict):
-        raise CacheCorruptError(f"{meta_path}: not a JSON object")
-    return meta
-
-
-def _open_component(source: Any) -> Tuple[Path, Dict[str, Any]]:
-    """Path and tokshuf.json of a component given as a path or a cache object.
-
-    A cache object is anything with a ``path`` attribute (and optionally a ``meta`` mapping,
-    its tokshuf.json): that is how ``tokshuf.Cache`` plugs in without this module importing it.
-    """
+def _open_component(source: Any) -> Cache:
+    """A component given as a path is opened (and checked) as a :class:`tokshuf.Cache`."""
+    if isinstance(source, Cache):
+        return source
     if isinstance(source, (str, os.PathLike)):
-        path = Path(source)
-        meta = _read_meta(path)
-    elif hasattr(source, "path"):
-        path = Path(source.path)
-        given = getattr(source, "meta", None)
-        meta = dict(given) if isinstance(given, Mapping) else _read_meta(path)
-    else:
-        raise ConfigError(f"a blend component must be a cache or a cache path, not {type(source).__name__}")
-    where = path / "tokshuf.json"
-    if meta.get("status") != "complete":
-        raise CacheCorruptError(
-            f"{where}: build not complete (status {meta.get('status')!r}); run the same build again to finish it"
-        )
-    for key in ("seqlen", "num_contexts", "tokenizer", "dtype"):
-        if key not in meta:
-            raise CacheCorruptError(f"{where}: no {key!r}")
-    return path, meta
+        return Cache(source)
+    raise ConfigError(f"a blend component must be a cache or a cache path, not {type(source).__name__}")
 
 
 def _check_weight(weight: Any, path: Path) -> float:
@@ -93,12 +71,12 @@ def _check_weight(weight: Any, path: Path) -> float:
 
 
 def _tokenizer_identity(meta: Mapping[str, Any]) -> Tuple[Any, Any]:
-    tok = meta["tokenizer"]
+    tok = meta.get("tokenizer")
     return (tok.get("sha256"), tok.get("vocab_size")) if isinstance(tok, Mapping) else (tok, None)
 
 
 def _tokenizer_name(meta: Mapping[str, Any]) -> Any:
-    tok = meta["tokenizer"]
+    tok = meta.get("tokenizer")
     return tok.get("spec") if isinstance(tok, Mapping) else tok
 
 
@@ -106,15 +84,15 @@ def _check_compatible(components: Sequence[BlendComponent]) -> None:
     """All components must give examples of one shape and meaning."""
     first = components[0]
     for c in components[1:]:
-        if first.meta["seqlen"] != c.meta["seqlen"]:
-            detail = f"seqlen {first.meta['seqlen']} vs {c.meta['seqlen']}"
+        if first.cache.seqlen != c.cache.seqlen:
+            detail = f"seqlen {first.cache.seqlen} vs {c.cache.seqlen}"
         elif _tokenizer_identity(first.meta) != _tokenizer_identity(c.meta):
             detail = (
                 f"tokenizer {_tokenizer_name(first.meta)!r} vs {_tokenizer_name(c.meta)!r} "
                 "(different vocabularies)"
             )
-        elif first.meta["dtype"] != c.meta["dtype"]:
-            detail = f"dtype {first.meta['dtype']} vs {c.meta['dtype']}"
+        elif first.cache.dtype != c.cache.dtype:
+            detail = f"dtype {first.cache.dtype} vs {c.cache.dtype}"
         else:
             # Training code masks padding and splits documents by one id each.
             for key in ("eot_id", "pad_id"):
@@ -136,21 +114,17 @@ def _check_compatible(components: Sequence[BlendComponent]) -> None:
         seen.setdefault(key, k)
 
 
-def _cache_identity(meta: Mapping[str, Any]) -> str:
-    """Digest of a cache's tokshuf.json without the per-run ``build`` figures."""
-    stable = {k: v for k, v in meta.items() if k != "build"}
-    return hashlib.sha256(json.dumps(stable, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
 class Blend:
     """Several caches mixed by weight, readable like one cache.
 
     Args:
-        components: ``(cache_or_path, weight)`` pairs (or a mapping path -> weight). Weights are
-            any positive numbers; they are normalised. All caches must share seqlen, tokenizer,
-            dtype, EOT and padding ids.
+        components: ``(cache_or_path, weight)`` pairs (or a mapping path -> weight); paths are
+            opened as :class:`tokshuf.Cache` (which checks them). Weights are any positive
+            numbers; they are normalised. All caches must share seqlen, tokenizer, dtype, EOT
+            and padding ids.
         seed: order seed handed to every component (how each orders its own examples, DESIGN
-            §6). The schedule itself has no randomness.
+            §6); a :class:`tokshuf.Reader` over the blend uses it. The schedule itself has no
+            randomness.
         quantum: period D of the schedule. Each component gets ``q_i ~= D * w_i / sum(w)``
             draws per period (largest remainder); a component whose share rounds to 0 gets 1
             draw (with a warning, see :attr:`raised`). Needs ``quantum >= len(components)``.
@@ -172,12 +146,11 @@ class Blend:
             if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
                 raise ConfigError(f"blend component {i} must be a (cache_or_path, weight) pair, not {pair!r}")
             source, weight = pair
-            path, meta = _open_component(source)
-            w = _check_weight(weight, path)
-            n = int(meta["num_contexts"])
-            if n <= 0:
-                raise ConfigError(f"{path}: cache has no examples, it cannot be blended")
-            comps.append(BlendComponent(source, path, w, n, meta))
+            cache = _open_component(source)
+            w = _check_weight(weight, Path(cache.path))
+            if len(cache) == 0:
+                raise ConfigError(f"{cache.path}: cache has no examples, it cannot be blended")
+            comps.append(BlendComponent(cache, w))
         _check_compatible(comps)
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**64:
             raise ConfigError(f"seed must be an integer in [0, 2**64), not {seed!r}")
@@ -195,9 +168,9 @@ class Blend:
         self.schedule = BlendSchedule([c.weight for c in comps], int(quantum))
         self.sizes = np.array([c.num_examples for c in comps], dtype=np.uint64)
         first = comps[0].meta
-        self.seqlen: int = int(first["seqlen"])
-        self.dtype: np.dtype = np.dtype(first["dtype"])
-        self.tokenizer: Any = first["tokenizer"]
+        self.seqlen: int = comps[0].cache.seqlen
+        self.dtype: np.dtype = comps[0].cache.dtype
+        self.tokenizer: Any = first.get("tokenizer")
         self.eot_id: Optional[int] = first.get("eot_id")
         self.pad_id: Optional[int] = first.get("pad_id")
         if self.raised:
@@ -281,13 +254,28 @@ class Blend:
 
     @property
     def fingerprint(self) -> str:
-        """Digest of everything that fixes the blended order: the components' caches (their
-        tokshuf.json without run figures), the shares, the quantum and the seed."""
+        """Digest of everything that fixes the blended order apart from the reader's options:
+        the components' content (:attr:`tokshuf.Cache.fingerprint`), the shares, the quantum
+        and the seed. Part of a reader's state."""
         h = hashlib.sha256()
         h.update(json.dumps({"quantum": self.quantum, "quanta": self.quanta, "seed": self.seed}).encode())
         for c in self.components:
-            h.update(_cache_identity(c.meta).encode())
+            h.update(c.cache.fingerprint.encode())
         return h.hexdigest()
+
+    # -- reading ------------------------------------------------------------------------------
+
+    @property
+    def ideal_readers(self) -> int:
+        """Default R* of a reader over the blend: the smallest default of its caches (see
+        :attr:`tokshuf.Cache.ideal_readers`; min(64, chunks) unless the cache records one), so
+        no cache gets more streams than it has chunks. The same R* orders every component."""
+        return min(c.cache.ideal_readers for c in self.components)
+
+    def _make_reader_core(self, batch_size: int, rank: int, world_size: int, ideal_readers: int, seed: int,
+                          reshuffle: bool, single_pass: bool, drop_last: bool, dtype: str) -> Any:
+        return self.schedule.reader_core([c.cache._inner for c in self.components], batch_size, rank, world_size,
+                                         ideal_readers, seed, reshuffle, single_pass, drop_last, dtype)
 
     @staticmethod
     def _check_index(m: Any) -> int:

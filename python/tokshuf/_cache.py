@@ -98,6 +98,12 @@ class Cache:
     def __repr__(self) -> str:
         return f"Cache({self._path!r}, contexts={len(self)}, seqlen={self.seqlen}, chunks={self.num_chunks})"
 
+    def _make_reader_core(self, batch_size: int, rank: int, world_size: int, ideal_readers: int, seed: int,
+                          reshuffle: bool, single_pass: bool, drop_last: bool, dtype: str) -> Any:
+        """The Rust side of a :class:`tokshuf.Reader` over this cache (a Blend has the same)."""
+        return _core.ReaderCore(self._inner, batch_size, rank, world_size, ideal_readers, seed, reshuffle,
+                                single_pass, drop_last, dtype)
+
     def get_batch(self, indices: Iterable[int], dtype: Union[str, np.dtype, None] = None) -> np.ndarray:
         """Contexts ``indices`` (manifest order, negative counts from the end) as a 2-D array."""
         n = len(self)
@@ -132,6 +138,3 @@ def _dtype_name(dtype: Union[str, np.dtype, type]) -> str:
         raise ConfigError(f"dtype={dtype!r}: expected one of {DTYPES}")
     return name
 
-
-def open_cache(cache: Union["Cache", PathLike]) -> "Cache":
-    return cache if isinstance(cache, Cache) else Cache(cache)

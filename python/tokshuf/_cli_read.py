@@ -4,30 +4,36 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 from typing import Any
+
+from ._cli_blend import add_blend_arguments, blend_from_args
 
 
 def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     p = sub.add_parser(
         "read",
-        help="read batches of a cache and print one checksum per batch",
+        help="read batches of a cache (or a blend of caches) and print one checksum per batch",
         description="Read this rank's slice of each global batch and print its sha256 (of the "
         "int64 ids), so runs, ranks and world sizes can be compared.",
     )
-    p.add_argument("cache", help="cache folder")
+    p.add_argument("cache", nargs="?", help="cache folder (or give --blend instead)")
+    add_blend_arguments(p)
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--world-size", type=int, default=1)
     p.add_argument("--batch-size", type=int, required=True, help="global batch size (examples)")
     p.add_argument("--steps", type=int, default=10, help="batches to read (default 10)")
     p.add_argument("--start-step", type=int, default=0)
-    p.add_argument("--ideal-readers", type=int, default=None, help="R* (default: the cache's)")
-    p.add_argument("--seed", type=int, default=0, help="order seed for epochs >= 1")
+    p.add_argument("--ideal-readers", type=int, default=None,
+                   help="R* (default: the cache's; for a blend the smallest of its caches')")
+    p.add_argument("--seed", type=int, default=0, help="order seed for epochs >= 1 (also of a blend's caches)")
     p.add_argument("--no-reshuffle", dest="reshuffle", action="store_false",
                    help="repeat epoch 0's order instead of reshuffling later epochs")
     p.add_argument("--single-pass", action="store_true", help="each context once, manifest order")
     p.add_argument("--global", dest="global_", action="store_true",
-                   help="checksum the whole global batch (all ranks' slices, in example order)")
+                   help="read the slices of all --world-size ranks and checksum each whole global "
+                   "batch (reassembled in example order): the same for every world size")
     p.set_defaults(func=_cmd_read)
 
     q = sub.add_parser("inspect", help="print a cache's metadata and decode its first contexts")
@@ -40,20 +46,32 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
 def _cmd_read(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from ._cache import Cache
     from ._reader import Reader
+    from .exceptions import ConfigError
 
-    cache = Cache(args.cache)
-    rank, world = (0, 1) if args.global_ else (args.rank, args.world_size)
-    reader = Reader(cache, batch_size=args.batch_size, rank=rank, world_size=world,
-                    ideal_readers=args.ideal_readers, seed=args.seed, reshuffle=args.reshuffle,
-                    single_pass=args.single_pass, start_step=args.start_step, dtype="int64")
-    print(f"# {args.cache}: rank {rank}/{world}, batch {args.batch_size}, R* {reader.ideal_readers}, "
+    blend = blend_from_args(args, seed=args.seed)
+    if (blend is None) == (args.cache is None):
+        raise ConfigError("read: give either a cache folder or --blend PATH:WEIGHT ... (exactly one of them)")
+    source = blend if blend is not None else args.cache
+    world = args.world_size
+    ranks = range(world) if args.global_ else [args.rank]
+    readers = [Reader(source, batch_size=args.batch_size, rank=r, world_size=world,
+                      ideal_readers=args.ideal_readers, seed=args.seed, reshuffle=args.reshuffle,
+                      single_pass=args.single_pass, start_step=args.start_step, dtype="int64")
+               for r in ranks]
+    reader = readers[0]
+    what = f"blend of {blend.num_components} caches" if blend is not None else args.cache
+    who = f"all {world} ranks (global batches)" if args.global_ else f"rank {args.rank}/{world}"
+    print(f"# {what}: {who}, batch {args.batch_size}, R* {reader.ideal_readers}, "
           f"seed {args.seed}, fingerprint {reader.fingerprint[:16]}")
     total = hashlib.sha256()
-    for n, batch in enumerate(reader):
-        if n >= args.steps:
-            break
+    for n, slices in enumerate(itertools.islice(zip(*readers), args.steps)):
+        batch = slices[0]
+        if args.global_:
+            # Rank r holds examples first + r + j*world: interleave the slices back in order.
+            batch = np.empty((sum(len(x) for x in slices), reader.seqlen), dtype=np.int64)
+            for r, x in enumerate(slices):
+                batch[r::world] = x
         digest = hashlib.sha256(np.ascontiguousarray(batch, dtype="<i8").tobytes()).hexdigest()
         total.update(digest.encode())
         print(f"step {args.start_step + n}\trows {batch.shape[0]}\tsha256 {digest[:16]}")

@@ -9,8 +9,8 @@ from typing import Any, Dict, Iterator, Optional, Tuple, Union
 
 import numpy as np
 
-from . import _core
-from ._cache import Cache, PathLike, _dtype_name, open_cache
+from ._blend import Blend
+from ._cache import Cache, PathLike, _dtype_name
 from .exceptions import ConfigError, StateMismatchError
 
 STATE_VERSION = 1
@@ -29,16 +29,23 @@ def _int(name: str, value: Any, lo: int = 0) -> int:
 
 
 class Reader:
-    """Deterministic batches of a cache for rank ``rank`` of ``world_size``.
+    """Deterministic batches of a cache or a :class:`tokshuf.Blend` for rank ``rank`` of
+    ``world_size``.
 
     Global batch ``b`` holds examples ``[b*B, (b+1)*B)`` of the order of DESIGN §6 (B =
     ``batch_size``); this rank gets every ``world_size``-th of them starting at ``rank``, as an
     array of shape ``(batch_size // world_size, seqlen)``. The global batches are the same for
-    every ``world_size``. Iterating never ends unless ``single_pass=True``.
+    every ``world_size``. Iterating never ends unless ``single_pass=True``. For a blend,
+    blended example ``m`` (DESIGN §7) takes the place of ``example[m]``: everything below,
+    seek and state included, works the same.
 
     ``ideal_readers`` is R*, which fixes the order: keep it when the number of GPUs changes.
-    Default: the cache's ``ideal_readers`` key if present, else min(64, number of chunks).
-    ``seed`` and ``reshuffle`` choose the chunk and context permutations of epochs >= 1.
+    Default: the cache's ``ideal_readers`` key if present, else min(64, number of chunks); for
+    a blend, the smallest of its caches' defaults (the same R* orders every component).
+    ``seed`` (default 0) and ``reshuffle`` choose the chunk and context permutations of epochs
+    >= 1. A blend carries its own seed: leave ``seed`` out (or give the same value).
+    A single pass over a blend lasts until every example of every cache was read once; smaller
+    caches wrap around meanwhile (see :meth:`tokshuf.Blend.single_pass_length`).
     ``prefetch`` batches are read ahead on ``threads`` background threads, started on the first
     batch (never at construction) and restarted after a fork.
     """
@@ -51,7 +58,7 @@ class Reader:
         rank: int = 0,
         world_size: int = 1,
         ideal_readers: Optional[int] = None,
-        seed: int = 0,
+        seed: Optional[int] = None,
         single_pass: bool = False,
         reshuffle: bool = True,
         drop_last: bool = False,
@@ -67,9 +74,6 @@ class Reader:
             raise ConfigError(f"rank {rank} must be < world_size {world_size}")
         if self._batch_size % self._world_size:
             raise ConfigError(f"batch_size {batch_size} must be divisible by world_size {world_size}")
-        if not 0 <= int(seed) < 2**64:
-            raise ConfigError(f"seed must be in [0, 2**64), not {seed!r}")
-        self._seed = int(seed)
         self._single_pass = bool(single_pass)
         self._reshuffle = bool(reshuffle)
         self._drop_last = bool(drop_last)
@@ -77,7 +81,15 @@ class Reader:
         cpus = os.cpu_count() or 1
         self._threads = _int("threads", threads, 1) if threads is not None else max(1, min(4, self._prefetch, cpus))
         self._dtype = _dtype_name(dtype)
-        self._source = cache if hasattr(cache, "_make_reader_core") else open_cache(cache)
+        self._source = cache if isinstance(cache, (Cache, Blend)) else Cache(cache)
+        if isinstance(self._source, Blend):
+            if seed is not None and seed != self._source.seed:
+                raise ConfigError(f"seed={seed!r} differs from the blend's seed {self._source.seed}: "
+                                  "a blend fixes the seed of its components' order (Blend(..., seed=...))")
+            seed = self._source.seed
+        self._seed = _int("seed", 0 if seed is None else seed, 0)
+        if self._seed >= 2**64:
+            raise ConfigError(f"seed must be in [0, 2**64), not {seed!r}")
         if ideal_readers is None:
             ideal_readers = self._source.ideal_readers
         self._ideal_readers = _int("ideal_readers", ideal_readers, 1)
@@ -88,17 +100,19 @@ class Reader:
         self.seek(step=start_step)
 
     def _make_core(self) -> Any:
-        args = (self._batch_size, self._rank, self._world_size, self._ideal_readers, self._seed,
-                self._reshuffle, self._single_pass, self._drop_last, self._dtype)
-        if hasattr(self._source, "_make_reader_core"):
-            # Any other example source (a Blend) builds its own core from the same options.
-            return self._source._make_reader_core(*args)
-        return _core.ReaderCore(self._source._inner, *args)
+        return self._source._make_reader_core(self._batch_size, self._rank, self._world_size, self._ideal_readers,
+                                              self._seed, self._reshuffle, self._single_pass, self._drop_last,
+                                              self._dtype)
 
     # ---- options --------------------------------------------------------------------------
     @property
-    def cache(self) -> Any:
+    def cache(self) -> Union[Cache, Blend]:
+        """The cache or blend read."""
         return self._source
+
+    @property
+    def seed(self) -> int:
+        return self._seed
 
     @property
     def batch_size(self) -> int:
@@ -239,7 +253,8 @@ class Reader:
 
     @property
     def fingerprint(self) -> str:
-        """sha256 of the cache's fingerprint, the order definition and the order options."""
+        """sha256 of the cache's (or blend's) fingerprint, the order definition and the order
+        options."""
         h = hashlib.sha256()
         h.update(self._source.fingerprint.encode())
         h.update(b"\0" + self._core.source_description.encode() + b"\0")
@@ -265,7 +280,7 @@ class Reader:
         if not isinstance(state, dict) or state.get("tokshuf_reader") != STATE_VERSION:
             raise StateMismatchError(f"not a tokshuf reader state (version {STATE_VERSION}): {state!r:.200}")
         if state.get("cache") != self._source.fingerprint:
-            raise StateMismatchError("state was saved for another cache (or the cache changed): "
+            raise StateMismatchError("state was saved for another cache or blend (or it changed): "
                                      f"{state.get('cache')!r:.20} != {self._source.fingerprint!r:.20}")
         theirs = state.get("options", {})
         diff = [f"{k} ({theirs.get(k)!r} -> {v!r})" for k, v in self._options().items() if theirs.get(k) != v]

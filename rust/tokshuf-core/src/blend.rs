@@ -21,7 +21,12 @@
 //! intercept (a path update). Construction costs O((D + n) log n) node visits in practice
 //! (plus certificate failures), instead of the O(D * n) of a scan over all datasets per draw.
 
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+
 use crate::error::{Error, Result};
+use crate::order::{Loc, Source};
 
 /// Largest quantum accepted: the period costs 12 bytes per draw (12 GiB at this bound).
 pub const MAX_QUANTUM: u64 = 1 << 30;
@@ -294,6 +299,72 @@ impl Schedule {
     }
 }
 
+/// A blend as the reader's example source: blended example m is example e of component k,
+/// `(k, e)` from the schedule, and component k places its own example e with its own source
+/// (its §6 order with the reader's R*, or its manifest order in a single pass).
+///
+/// A single pass is a blend of finite components: e wraps modulo the component's size and the
+/// pass ends after `cover_length` examples, when every example of every component was drawn.
+pub struct BlendSource {
+    schedule: Arc<Schedule>,
+    components: Vec<Arc<dyn Source>>,
+    /// Component sizes when they are finite (single pass), for the wrap.
+    sizes: Option<Vec<u64>>,
+    length: Option<u64>,
+    description: String,
+}
+
+impl BlendSource {
+    /// `components[k]` serves the schedule's dataset k; either all are finite or none is.
+    pub fn new(schedule: Arc<Schedule>, components: Vec<Arc<dyn Source>>) -> Result<BlendSource> {
+        if components.len() != schedule.num_datasets() {
+            return Err(Error::Config(format!(
+                "{} sources given for a blend of {} datasets",
+                components.len(),
+                schedule.num_datasets()
+            )));
+        }
+        let finite: Vec<Option<u64>> = components.iter().map(|c| c.num_examples()).collect();
+        let (sizes, length) = if finite.iter().all(Option::is_some) {
+            let sizes: Vec<u64> = finite.into_iter().flatten().collect();
+            let length = schedule.cover_length(&sizes)?;
+            (Some(sizes), Some(length))
+        } else if finite.iter().all(Option::is_none) {
+            (None, None)
+        } else {
+            return Err(Error::Config("a blend cannot mix endless and single-pass sources".into()));
+        };
+        // Digest, not concatenation: a blend may have 10^4 components.
+        let mut h = Sha256::new();
+        for (q, c) in schedule.quanta().iter().zip(&components) {
+            h.update(format!("{q} {}\0", c.describe()).as_bytes());
+        }
+        let description = format!(
+            "blend-v1 D={} n={} {}",
+            schedule.quantum(),
+            schedule.num_datasets(),
+            crate::tokenizer::hex(&h.finalize())
+        );
+        Ok(BlendSource { schedule, components, sizes, length, description })
+    }
+}
+
+impl Source for BlendSource {
+    fn locate(&self, m: u64) -> Loc {
+        let (k, e) = match &self.sizes {
+            Some(sizes) => self.schedule.locate_wrapped(m, sizes),
+            None => self.schedule.locate(m),
+        };
+        Loc { component: k, ..self.components[k].locate(e) }
+    }
+    fn num_examples(&self) -> Option<u64> {
+        self.length
+    }
+    fn describe(&self) -> String {
+        self.description.clone()
+    }
+}
+
 const NONE: u32 = u32::MAX;
 const NEVER: i64 = i64::MAX;
 
@@ -497,6 +568,34 @@ mod tests {
         let cover = sched.cover_length(&sizes).unwrap();
         assert_eq!(sched.counts(cover).iter().zip(&sizes).filter(|(c, s)| c >= s).count(), 2);
         assert!(sched.counts(cover - 1).iter().zip(&sizes).any(|(c, s)| c < s));
+    }
+
+    #[test]
+    fn blend_source_composes_schedule_and_orders() {
+        use crate::order::{cache_source, OrderOptions};
+        let layouts: [(&[u64], u64); 3] = [(&[4, 4, 2], 4), (&[3], 3), (&[5, 5, 5, 1, 5], 5)];
+        let sched = Arc::new(Schedule::new(&[0.5, 0.2, 0.3], 17).unwrap());
+        let opts = OrderOptions { ideal_readers: 3, seed: 4, reshuffle: true };
+        for single_pass in [false, true] {
+            let comps: Vec<Arc<dyn Source>> = layouts.iter().map(|(s, cs)| cache_source(s, *cs, opts, single_pass)).collect();
+            let src = BlendSource::new(sched.clone(), comps.clone()).unwrap();
+            let totals: Vec<u64> = layouts.iter().map(|(s, _)| s.iter().sum()).collect();
+            assert_eq!(src.num_examples(), single_pass.then(|| sched.cover_length(&totals).unwrap()));
+            let mut seen = std::collections::HashSet::new();
+            for m in 0..src.num_examples().unwrap_or(500) {
+                let (k, e) = sched.locate(m);
+                let e = if single_pass { e % totals[k] } else { e };
+                let want = Loc { component: k, ..comps[k].locate(e) };
+                assert_eq!(src.locate(m), want);
+                seen.insert(want);
+            }
+            if single_pass {
+                assert_eq!(seen.len() as u64, totals.iter().sum::<u64>(), "a single pass covers everything");
+            }
+        }
+        let mixed = vec![cache_source(&[2], 2, opts, true), cache_source(&[2], 2, opts, false), cache_source(&[2], 2, opts, false)];
+        assert!(BlendSource::new(sched.clone(), mixed).is_err());
+        assert!(BlendSource::new(sched, vec![cache_source(&[2], 2, opts, true)]).is_err());
     }
 
     #[test]

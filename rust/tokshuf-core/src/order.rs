@@ -295,6 +295,16 @@ impl Source for Order {
     }
 }
 
+/// The example source of one cache with chunk sizes `sizes`: its §6 order, or each context
+/// once in manifest order for a single pass.
+pub fn cache_source(sizes: &[u64], chunk_size: u64, opts: OrderOptions, single_pass: bool) -> Arc<dyn Source> {
+    if single_pass {
+        Arc::new(SinglePass::new(sizes))
+    } else {
+        Arc::new(Order::new(sizes, chunk_size, opts))
+    }
+}
+
 /// Each context once, in manifest order (evaluation).
 #[derive(Debug)]
 pub struct SinglePass {

@@ -81,8 +81,8 @@ impl BatchSpec {
         if caches.iter().any(|c| c.seqlen() != seqlen) {
             return Err(Error::Config("all caches of a reader must have the same seqlen".into()));
         }
-        if caches.iter().any(|c| c.is_empty()) {
-            return Err(Error::Config(format!("{}: cache holds no contexts", caches[0].root.display())));
+        if let Some(c) = caches.iter().find(|c| c.is_empty()) {
+            return Err(Error::Config(format!("{}: cache holds no contexts", c.root.display())));
         }
         if world_size == 0 || rank >= world_size {
             return Err(Error::Config(format!("rank {rank} out of range for world_size {world_size}")));
@@ -135,12 +135,16 @@ impl BatchSpec {
 
     fn fill<T: Id>(&self, locs: &[Loc]) -> Result<Vec<T>> {
         let mut out = vec![T::default(); locs.len() * self.seqlen];
-        if self.caches.len() == 1 {
-            return self.caches[0].read_many(locs.iter().map(|l| (l.chunk, l.index)), &mut out).map(|_| out);
-        }
-        for (l, row) in locs.iter().zip(out.chunks_exact_mut(self.seqlen)) {
-            let cache = self.caches.get(l.component).ok_or_else(|| Error::Config(format!("source names component {} of {}", l.component, self.caches.len())))?;
-            cache.read_into(l.chunk, l.index, row)?;
+        // Runs of rows from one cache (all of them for a single cache) go through `read_many`,
+        // which keeps a chunk's mapping while consecutive rows stay in it.
+        let mut start = 0;
+        while start < locs.len() {
+            let k = locs[start].component;
+            let end = locs[start..].iter().position(|l| l.component != k).map_or(locs.len(), |n| start + n);
+            let cache = self.caches.get(k).ok_or_else(|| Error::Config(format!("source names component {k} of {}", self.caches.len())))?;
+            let rows = &mut out[start * self.seqlen..end * self.seqlen];
+            cache.read_many(locs[start..end].iter().map(|l| (l.chunk, l.index)), rows)?;
+            start = end;
         }
         Ok(out)
     }

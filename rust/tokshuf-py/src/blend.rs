@@ -1,20 +1,25 @@
 //! Bindings of `tokshuf_core::blend`: the `BlendSchedule` class (periodic weighted schedule,
-//! O(1) lookup of blended examples). `tokshuf.Blend` in Python wraps it.
+//! O(1) lookup of blended examples, and the reader over a blend of caches). `tokshuf.Blend` in
+//! Python wraps it.
+
+use std::sync::Arc;
 
 use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
-use tokshuf_core::blend::Schedule;
+use tokshuf_core::blend::{BlendSource, Schedule};
+use tokshuf_core::order::{cache_source, OrderOptions, Source};
 use tokshuf_core::Error;
 
+use crate::reader::{PyCache, ReaderCore};
 use crate::to_pyerr;
 
 /// One period of a weighted blend (DESIGN §7). `weights` are positive numbers (normalised
 /// here); `quantum` is the period D. Immutable and cheap to share between threads.
 #[pyclass(frozen, module = "tokshuf._core")]
 pub struct BlendSchedule {
-    inner: Schedule,
+    inner: Arc<Schedule>,
     weights: Vec<f64>,
 }
 
@@ -36,7 +41,7 @@ impl BlendSchedule {
     fn new(py: Python<'_>, weights: Vec<f64>, quantum: u64) -> PyResult<Self> {
         let w = weights.clone();
         let inner = py.detach(move || Schedule::new(&w, quantum)).map_err(|e| to_pyerr(py, e))?;
-        Ok(BlendSchedule { inner, weights })
+        Ok(BlendSchedule { inner: Arc::new(inner), weights })
     }
 
     /// Rebuilt from (weights, quantum) when unpickled: the schedule is a pure function of them.
@@ -164,6 +169,44 @@ impl BlendSchedule {
     fn counts(&self, py: Python<'_>, m: u64) -> Vec<u64> {
         let inner = &self.inner;
         py.detach(|| inner.counts(m))
+    }
+
+    /// A reader over the blend of `caches` (one per dataset, in order): blended example m is
+    /// example e of cache k, `(k, e) = locate(m)`, and cache k places its example e in its own
+    /// DESIGN §6 order with these options (or, in a single pass, in manifest order, wrapping).
+    #[pyo3(signature = (caches, batch_size, rank, world_size, ideal_readers, seed, reshuffle, single_pass, drop_last, dtype))]
+    #[allow(clippy::too_many_arguments)]
+    fn reader_core(
+        &self,
+        py: Python<'_>,
+        caches: Vec<PyRef<'_, PyCache>>,
+        batch_size: u64,
+        rank: u64,
+        world_size: u64,
+        ideal_readers: u64,
+        seed: u64,
+        reshuffle: bool,
+        single_pass: bool,
+        drop_last: bool,
+        dtype: &str,
+    ) -> PyResult<ReaderCore> {
+        if ideal_readers == 0 {
+            return Err(config_err(py, "ideal_readers must be positive".into()));
+        }
+        let caches: Vec<_> = caches.iter().map(|c| c.inner.clone()).collect();
+        if let Some(c) = caches.iter().find(|c| c.is_empty()) {
+            return Err(config_err(py, format!("{}: cache holds no contexts", c.root.display())));
+        }
+        let opts = OrderOptions { ideal_readers, seed, reshuffle };
+        let (schedule, cs) = (self.inner.clone(), caches.clone());
+        let source = py
+            .detach(move || {
+                let orders = cs.iter().map(|c| cache_source(&c.sizes(), c.meta.chunk_size, opts, single_pass)).collect();
+                BlendSource::new(schedule, orders)
+            })
+            .map_err(|e| to_pyerr(py, e))?;
+        let source: Arc<dyn Source> = Arc::new(source);
+        ReaderCore::from_source(py, caches, source, batch_size, rank, world_size, dtype, drop_last)
     }
 
     /// Shortest prefix of the blend that draws every example of every dataset at least once.

@@ -10,7 +10,7 @@ use numpy::{PyArray, PyArray2};
 use pyo3::prelude::*;
 
 use tokshuf_core::cache::{Cache, Id};
-use tokshuf_core::order::{Order, OrderOptions, SinglePass, Source};
+use tokshuf_core::order::{cache_source, OrderOptions, Source};
 use tokshuf_core::reader::{Batch, BatchSpec, Next, OutDtype, Prefetcher};
 use tokshuf_core::Error;
 
@@ -180,12 +180,7 @@ impl ReaderCore {
         if ideal_readers == 0 {
             return Err(to_pyerr(py, Error::Config("ideal_readers must be positive".into())));
         }
-        let sizes = c.sizes();
-        let source: Arc<dyn Source> = if single_pass {
-            Arc::new(SinglePass::new(&sizes))
-        } else {
-            Arc::new(Order::new(&sizes, c.meta.chunk_size, OrderOptions { ideal_readers, seed, reshuffle }))
-        };
+        let source = cache_source(&c.sizes(), c.meta.chunk_size, OrderOptions { ideal_readers, seed, reshuffle }, single_pass);
         Self::from_source(py, vec![c], source, batch_size, rank, world_size, dtype, drop_last)
     }
 
