@@ -12,57 +12,14 @@ from __future__ import annotations
 from collections import Counter
 from typing import List, Sequence
 
-MASK = (1 << 64) - 1
-GOLDEN = 0x9E3779B97F4A7C15
-DOMAIN_CELL = 0x63656C6C  # "cell"
-DOMAIN_CELL_SHUFFLE = 0x73687566  # "shuf"
-
-
-# --------------------------------------------------------------------------------------
-# hash.rs, reimplemented
-
-
-def mix64(z: int) -> int:
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
-    return z ^ (z >> 31)
-
-
-def combine(h: int, x: int) -> int:
-    return mix64(h ^ ((((x + GOLDEN) & MASK) * GOLDEN) & MASK))
-
-
-def cell_hash(seed: int, file: int, pos: int) -> int:
-    return combine(combine(combine(DOMAIN_CELL, seed), file), pos)
-
-
-class SplitMix64:
-    def __init__(self, seed: int):
-        self.state = seed & MASK
-
-    def next_u64(self) -> int:
-        self.state = (self.state + GOLDEN) & MASK
-        return mix64(self.state)
-
-    def below(self, n: int) -> int:
-        """Lemire's multiply-and-reject: uniform in 0..n."""
-        m = self.next_u64() * n
-        if (m & MASK) < n:
-            threshold = ((1 << 64) - n) % n
-            while (m & MASK) < threshold:
-                m = self.next_u64() * n
-        return m >> 64
-
-
-def fisher_yates(items: list, rng: SplitMix64) -> list:
-    for i in range(len(items) - 1, 0, -1):
-        j = rng.below(i + 1)
-        items[i], items[j] = items[j], items[i]
-    return items
-
-
-def cell_rng(seed: int, cell: int) -> SplitMix64:
-    return SplitMix64(combine(combine(DOMAIN_CELL_SHUFFLE, seed), cell))
+from hashref import (  # noqa: F401  (re-exported for the tests)
+    SplitMix64,
+    cell_hash,
+    cell_rng,
+    combine,
+    fisher_yates,
+    mix64,
+)
 
 
 # --------------------------------------------------------------------------------------

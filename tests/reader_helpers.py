@@ -11,45 +11,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-MASK = (1 << 64) - 1
-GOLDEN = 0x9E3779B97F4A7C15
-DOMAIN_CHUNK_PERM = 0x6368756E
-DOMAIN_CONTEXT_PERM = 0x63747870
-
-
-# ---- hash.rs, re-implemented -------------------------------------------------------------
-def mix64(z: int) -> int:
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
-    return z ^ (z >> 31)
-
-
-def combine(h: int, x: int) -> int:
-    return mix64(h ^ ((((x + GOLDEN) & MASK) * GOLDEN) & MASK))
-
-
-class Permutation:
-    """4-round Feistel network over the smallest even-bit power of two >= n, cycle-walking."""
-
-    def __init__(self, n: int, key: int) -> None:
-        self.n, self.key = n, key
-        self.half = max(1, ((n - 1).bit_length() + 1) // 2) if n > 0 else 1
-
-    def _round(self, x: int) -> int:
-        mask = (1 << self.half) - 1
-        left, right = x >> self.half, x & mask
-        for k in range(4):
-            f = combine(combine(self.key, k), right) & mask
-            left, right = right, left ^ f
-        return (left << self.half) | right
-
-    def apply(self, i: int) -> int:
-        if self.n <= 1:
-            return i
-        x = self._round(i)
-        while x >= self.n:
-            x = self._round(x)
-        return x
+from hashref import DOMAIN_CHUNK_PERM, DOMAIN_CONTEXT_PERM, Permutation, combine, mix64  # noqa: F401
 
 
 # ---- the order, straight from its definition -----------------------------------------------
