@@ -15,6 +15,7 @@ from .exceptions import (
     TokenizerError,
     TokshufError,
     TokshufIOError,
+    TokshufPermissionError,
 )
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "InputError",
     "InputNotFoundError",
     "TokshufIOError",
+    "TokshufPermissionError",
     "DiskFullError",
     "TokenizerError",
     "CacheCorruptError",

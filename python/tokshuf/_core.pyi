@@ -1,6 +1,6 @@
 """Type stubs of the compiled module ``tokshuf._core`` (checked by ``mypy.stubtest``)."""
 
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 __version__: str
 
@@ -48,3 +48,5 @@ class Tokenizer:
     def encode(self, text: str) -> List[int]: ...
     def encode_batch(self, texts: List[str], threads: int = 0) -> List[List[int]]: ...
     def decode(self, ids: List[int]) -> str: ...
+
+def parse_line(line: bytes, key: str = "text") -> Tuple[str, Optional[str]]: ...

@@ -25,6 +25,9 @@ pub enum Error {
     /// The output folder holds something this build must not overwrite or resume.
     #[error("{0}")]
     OutputExists(String),
+    /// The inputs, read without error (or with every bad line skipped), yield no context.
+    #[error("{0}")]
+    NoData(String),
     /// The caller asked to stop (Ctrl-C).
     #[error("interrupted")]
     Interrupted,
@@ -43,11 +46,13 @@ impl Error {
             Error::BadInput { .. } => "InputError",
             Error::Io { source, .. } => match source.kind() {
                 std::io::ErrorKind::NotFound => "InputNotFoundError",
+                std::io::ErrorKind::PermissionDenied => "TokshufPermissionError",
                 std::io::ErrorKind::StorageFull => "DiskFullError",
                 _ if source.raw_os_error() == Some(28) => "DiskFullError",
                 _ => "TokshufIOError",
             },
             Error::Config(_) => "ConfigError",
+            Error::NoData(_) => "InputError",
             Error::Tokenizer(_) => "TokenizerError",
             Error::Corrupt { .. } => "CacheCorruptError",
             Error::OutputExists(_) => "OutputExistsError",
@@ -65,16 +70,18 @@ pub enum SkipReason {
     TextNotString,
     InvalidUtf8,
     CorruptStream,
+    TokenizerFailed,
 }
 
 impl SkipReason {
-    pub const ALL: [SkipReason; 6] = [
+    pub const ALL: [SkipReason; 7] = [
         SkipReason::InvalidJson,
         SkipReason::NotAnObject,
         SkipReason::MissingText,
         SkipReason::TextNotString,
         SkipReason::InvalidUtf8,
         SkipReason::CorruptStream,
+        SkipReason::TokenizerFailed,
     ];
     pub fn name(self) -> &'static str {
         match self {
@@ -84,6 +91,7 @@ impl SkipReason {
             SkipReason::TextNotString => "text_not_string",
             SkipReason::InvalidUtf8 => "invalid_utf8",
             SkipReason::CorruptStream => "corrupt_stream",
+            SkipReason::TokenizerFailed => "tokenizer_failed",
         }
     }
 }

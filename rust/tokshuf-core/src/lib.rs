@@ -21,5 +21,6 @@ pub mod progress;
 pub mod shard;
 pub mod stage1;
 pub mod tokenizer;
+pub mod wsrun;
 
 pub use error::{Error, Result};

@@ -212,7 +212,8 @@ fn consume(
                 }
                 Done::Passthrough(Job::StreamError { line, error, .. }) => {
                     let (_, w) = current.as_mut().expect("set above");
-                    let reason = format!("cannot decompress or read: {error}");
+                    // A stream cannot be resynchronised after damage: the rest of the file is lost.
+                    let reason = format!("cannot decompress or read from this line on: {error}");
                     match cfg.errors {
                         ErrorPolicy::Raise => {
                             return Err(Error::BadInput {
@@ -254,16 +255,25 @@ fn tokenize_batch(cfg: &Stage1Config, path: &Path, first_line: u64, buf: &[u8], 
             },
             Line::Text(text) if text.is_empty() => t.empty += 1,
             Line::Text(text) => {
-                t.documents += 1;
-                t.text_bytes += text.len() as u64;
+                let mark = t.ids.len();
                 t.ids.extend(cfg.bos_id);
-                cfg.encoder.encode_into(&text, &mut t.ids).map_err(|reason| Error::BadInput {
-                    path: path.to_path_buf(),
-                    line: line_no,
-                    reason,
-                    kind: SkipReason::InvalidUtf8,
-                })?;
-                t.ids.push(cfg.eot_id);
+                match cfg.encoder.encode_into(&text, &mut t.ids) {
+                    Ok(()) => {
+                        t.ids.push(cfg.eot_id);
+                        t.documents += 1;
+                        t.text_bytes += text.len() as u64;
+                    }
+                    Err(reason) => {
+                        t.ids.truncate(mark); // nothing of a failed document reaches the cache
+                        let kind = SkipReason::TokenizerFailed;
+                        match cfg.errors {
+                            ErrorPolicy::Raise => {
+                                return Err(Error::BadInput { path: path.to_path_buf(), line: line_no, reason, kind })
+                            }
+                            ErrorPolicy::Skip => t.skipped.push((kind, line_no, reason)),
+                        }
+                    }
+                }
             }
         }
     }

@@ -16,6 +16,7 @@ use sha2::{Digest, Sha256};
 
 use crate::bpe::{self, BytePairEncoder};
 use crate::error::{Error, Result};
+use crate::wsrun::{self, WsRule};
 
 /// Encode text into ids. Implementations are shared by all worker threads.
 pub trait Encoder: Send + Sync {
@@ -61,9 +62,9 @@ impl Tokenizer {
 // ---------------------------------------------------------------------------------------
 // tiktoken
 
-const R50K_PAT: &str = r"'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s";
-const CL100K_PAT: &str = r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s";
-const O200K_PAT: &str = concat!(
+pub(crate) const R50K_PAT: &str = r"'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s";
+pub(crate) const CL100K_PAT: &str = r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s";
+pub(crate) const O200K_PAT: &str = concat!(
     r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
     "|",
     r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
@@ -84,6 +85,7 @@ struct TiktokenSpec {
     pattern: &'static str,
     /// (token, id) of the special tokens; the first is end-of-text.
     specials: &'static [(&'static str, u32)],
+    ws_rule: WsRule,
 }
 
 fn tiktoken_spec(name: &str) -> Option<TiktokenSpec> {
@@ -92,11 +94,13 @@ fn tiktoken_spec(name: &str) -> Option<TiktokenSpec> {
             data: include_bytes!("../data/r50k_base.tiktoken.gz"),
             pattern: R50K_PAT,
             specials: &[("<|endoftext|>", 50256)],
+            ws_rule: WsRule::R50k,
         },
         "p50k_base" => TiktokenSpec {
             data: include_bytes!("../data/p50k_base.tiktoken.gz"),
             pattern: R50K_PAT,
             specials: &[("<|endoftext|>", 50256)],
+            ws_rule: WsRule::R50k,
         },
         "cl100k_base" => TiktokenSpec {
             data: include_bytes!("../data/cl100k_base.tiktoken.gz"),
@@ -108,11 +112,13 @@ fn tiktoken_spec(name: &str) -> Option<TiktokenSpec> {
                 ("<|fim_suffix|>", 100260),
                 ("<|endofprompt|>", 100276),
             ],
+            ws_rule: WsRule::Cl100k,
         },
         "o200k_base" => TiktokenSpec {
             data: include_bytes!("../data/o200k_base.tiktoken.gz"),
             pattern: O200K_PAT,
             specials: &[("<|endoftext|>", 199999), ("<|endofprompt|>", 200018)],
+            ws_rule: WsRule::O200k,
         },
         _ => return None,
     })
@@ -123,19 +129,37 @@ pub const TIKTOKEN_NAMES: [&str; 4] = ["r50k_base", "p50k_base", "cl100k_base", 
 
 struct Tiktoken {
     bpe: BytePairEncoder,
+    ws_rule: WsRule,
     regex: fancy_regex::Regex,
     decoder: Vec<Vec<u8>>,
 }
 
 impl Encoder for Tiktoken {
     fn encode_into(&self, text: &str, out: &mut Vec<u32>) -> std::result::Result<(), String> {
-        for m in self.regex.find_iter(text) {
-            let m = m.map_err(|e| format!("tokenizer regex failed: {e}"))?;
-            if !m.as_str().is_empty() {
-                self.bpe.encode_piece(m.as_str().as_bytes(), out);
+        // The patterns have no lookbehind, `^` or `\b`, so matching may resume on a suffix.
+        let mut rest = text;
+        'resume: loop {
+            let mut done = 0;
+            for m in self.regex.find_iter(rest) {
+                match m {
+                    Ok(m) => {
+                        if !m.as_str().is_empty() {
+                            self.bpe.encode_piece(m.as_str().as_bytes(), out);
+                        }
+                        done = m.end();
+                    }
+                    Err(e) => {
+                        // Every character starts a match, so the failed search began at `done`.
+                        let tail = &rest[done..];
+                        let n = wsrun::run_match(self.ws_rule, tail).ok_or_else(|| format!("tokenizer regex failed: {e}"))?;
+                        self.bpe.encode_piece(tail[..n].as_bytes(), out);
+                        rest = &tail[n..];
+                        continue 'resume;
+                    }
+                }
             }
+            return Ok(());
         }
-        Ok(())
     }
     fn decode(&self, ids: &[u32]) -> String {
         let mut bytes = Vec::new();
@@ -178,7 +202,7 @@ fn load_tiktoken(spec: &str, name: &str) -> Result<Tokenizer> {
         eot_id: Some(eot),
         pad_id: None,
         bos_id: None,
-        encoder: Arc::new(Tiktoken { bpe: BytePairEncoder::new(ranks)?, regex, decoder }),
+        encoder: Arc::new(Tiktoken { bpe: BytePairEncoder::new(ranks)?, ws_rule: s.ws_rule, regex, decoder }),
     })
 }
 

@@ -14,6 +14,8 @@ use pyo3::types::PyType;
 use tokshuf_core::meta::{BuildOptions, ErrorPolicy, Format, Tail};
 use tokshuf_core::Error;
 
+mod inputs;
+
 /// Raise `err` as the `tokshuf.exceptions` class it maps to.
 fn to_pyerr(py: Python<'_>, err: Error) -> PyErr {
     if matches!(err, Error::Interrupted) {
@@ -215,5 +217,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(build_cache, m)?)?;
     m.add_class::<Tokenizer>()?;
+    inputs::register(m)?;
     Ok(())
 }
