@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ._build import DEFAULT_TOKENIZER, BuildStats, build_cache
 from ._core import Tokenizer, __version__
+from ._verify import VerifyReport, verify
 from .exceptions import (
     CacheCorruptError,
     ConfigError,
@@ -24,6 +25,8 @@ __all__ = [
     "BuildStats",
     "DEFAULT_TOKENIZER",
     "Tokenizer",
+    "verify",
+    "VerifyReport",
     "TokshufError",
     "ConfigError",
     "InputError",

@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import List, Optional
 
+from . import _cli_verify
 from .exceptions import TokshufError
 
 
@@ -85,6 +86,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="tokshuf", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_build(sub)
+    _cli_verify.add_parser(sub)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
