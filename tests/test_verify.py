@@ -292,3 +292,9 @@ def test_ids_read_back_equal_the_reference_decoder(npy_cache):
     with tarfile.open(shard) as tar:
         ref = np.stack([np.load(io.BytesIO(tar.extractfile(m).read())) for m in tar.getmembers()])
     np.testing.assert_array_equal(rows, ref)
+
+
+def test_oversized_manifest_is_not_loaded(cache):
+    with open(cache / "manifest.jsonl", "ab") as f:
+        f.write(b" " * (1 << 20) + b"\n")
+    assert "far more than" in problems(cache)

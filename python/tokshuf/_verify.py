@@ -200,6 +200,11 @@ def _check_metadata(root: Path, report: VerifyReport) -> Optional[Dict[str, Any]
 def _check_manifest(root: Path, meta: Dict[str, Any], report: VerifyReport) -> Optional[List[Dict[str, Any]]]:
     p = root / "manifest.jsonl"
     try:
+        size = p.stat().st_size
+        limit = (meta["num_chunks"] + 1) * 4096  # a line is ~150 bytes; do not load a crafted giant
+        if size > limit:
+            report.problem(f"manifest.jsonl: {size} bytes, far more than {meta['num_chunks']} lines need")
+            return None
         data = p.read_bytes()
     except OSError as e:
         report.problem(f"manifest.jsonl: {'missing' if isinstance(e, FileNotFoundError) else e}")
