@@ -10,8 +10,9 @@
   catches every change to a shard.
 
 Builds run in-process: a Rust panic would surface as pyo3's PanicException (or a RuntimeError
-from the worker thread), which these tests reject. A hang trips faulthandler's timer, which
-dumps the stacks and ends the run instead of blocking CI.
+from the worker thread), which these tests reject. A hang trips faulthandler's timer, which ends
+the run instead of blocking CI, leaving the example and the stacks in tokshuf-hang-PID.log in
+the temp folder (pytest captures stderr, so they cannot go there).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import shutil
 import tempfile
 import zlib
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 from typing import List, Optional, Tuple
 
@@ -39,19 +41,28 @@ import tokshuf
 from tokshuf._core import parse_line
 from cachecheck import assert_cache_holds
 
-HANG_SECONDS = 300
+HANG_SECONDS = 120  # per parse, build or verify; the slowest take well under a second
 # Scaled from the loaded profile: the parser is cheap, a build costs ~0.1 s.
 PARSER_EXAMPLES = settings().max_examples * 12
-BUILD_EXAMPLES = settings().max_examples * 2
+BUILD_EXAMPLES = settings().max_examples
 BOM = b"\xef\xbb\xbf"
 SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abAB]|\\u[dD][c-fC-F]")
 
 
-@pytest.fixture(autouse=True)
-def hang_guard():
-    faulthandler.dump_traceback_later(HANG_SECONDS, exit=True)
-    yield
-    faulthandler.cancel_dump_traceback_later()
+HANG_LOG = Path(tempfile.gettempdir()) / f"tokshuf-hang-{os.getpid()}.log"
+
+
+@contextmanager
+def hang_guard(example: object):
+    """Exit the process (failing CI) if the body takes more than HANG_SECONDS."""
+    with open(HANG_LOG, "w") as log:
+        log.write(f"example: {example!r}\n")
+        log.flush()
+        faulthandler.dump_traceback_later(HANG_SECONDS, exit=True, file=log)
+        try:
+            yield
+        finally:
+            faulthandler.cancel_dump_traceback_later()
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +111,8 @@ def ref_parse(line: bytes, key: str = "text") -> Tuple[set, Optional[str]]:
         return ({"invalid_json", "invalid_utf8"} if SURROGATE_ESCAPE.search(line) else {"invalid_json"}), None
     if isinstance(value, _Num):
         return ({"not_an_object"} if _finite(value) else {"invalid_json"}), None
+    if isinstance(value, str) and any("\ud800" <= c <= "\udfff" for c in value):
+        return {"invalid_utf8"}, None  # a bare string is decoded like the text value
     if not isinstance(value, dict):
         return {"not_an_object"}, None
     found: Tuple[set, Optional[str]] = ({"missing_text"}, None)
@@ -116,13 +129,16 @@ def ref_parse(line: bytes, key: str = "text") -> Tuple[set, Optional[str]]:
             if any("\ud800" <= c <= "\udfff" for c in v):
                 return {"invalid_utf8"}, None
             found = ({"text"}, v)
+        elif isinstance(v, dict) and any("\ud800" <= c <= "\udfff" for k2 in v for c in k2):
+            return {"invalid_utf8"}, None  # serde_json decodes the keys of a map it walks
         else:
             found = ({"text_not_string"}, None)
     return found
 
 
 def check_line(line: bytes) -> Tuple[str, Optional[str]]:
-    kind, value = parse_line(line, "text")
+    with hang_guard(line):
+        kind, value = parse_line(line, "text")
     want, text = ref_parse(line)
     assert kind in want, (line, kind, value, want)
     if kind == "text":
@@ -183,6 +199,8 @@ def mutated(draw, data: bytes, max_ops: int = 4) -> bytes:
 @example(b'{"text": "a", "text": "\\ud800"}')
 @example(b'{"\\udc00": 1, "text": "a"}')
 @example(b'{"text": 1e999}')
+@example(b'"\\udc00"')
+@example(b'{"text": {"\\ud800]": null}}')
 @example(b'{"x": 1e999, "text": "ok"}')
 @example(b"1" * 400)
 @example(b'{"text": "a"}\r\r')
@@ -243,7 +261,8 @@ def build(src: Path, out: Path, errors: str) -> tokshuf.BuildStats:
 def run_build(src: Path, out: Path, errors: str):
     """The build's stats, or its exception if it is a TokshufError; anything else fails the test."""
     try:
-        return build(src, out, errors)
+        with hang_guard((src.read_bytes(), errors)):
+            return build(src, out, errors)
     except tokshuf.TokshufError as e:
         return e
     except BaseException as e:  # PanicException derives from BaseException
@@ -363,11 +382,13 @@ def test_verify_survives_and_catches_damage(pristine, fmt, data):
         before = target.read_bytes()
         after = data.draw(mutated(before, max_ops=3))
         target.write_bytes(after)
+        full = data.draw(st.booleans())
         try:
-            report = tokshuf.verify(cache, full=data.draw(st.booleans()))
+            with hang_guard((name, after)):
+                report = tokshuf.verify(cache, full=full)
+                report.summary()
         except BaseException as e:  # noqa: BLE001
             pytest.fail(f"verify raised {type(e).__name__}: {e}")
-        report.summary()
         if name.endswith(".tar") and after != before:
             assert not tokshuf.verify(cache, full=True).ok
 

@@ -298,3 +298,17 @@ def test_oversized_manifest_is_not_loaded(cache):
     with open(cache / "manifest.jsonl", "ab") as f:
         f.write(b" " * (1 << 20) + b"\n")
     assert "far more than" in problems(cache)
+
+
+@pytest.mark.parametrize("text,ids", [
+    (b"[1,2,3]", [1, 2, 3]), (b"[ 1, 2 ,3 ]", [1, 2, 3]), (b"[0]", [0]),
+    (b"[]", None), (b"[ ]", None), (b"[1,,2]", None), (b"[1,2,]", None), (b"[,1]", None), (b"[1 2]", None),
+    (b"[1, ,2]", None), (b"[true]", None), (b"[1.5]", None), (b"[-1]", None), (b"1,2", None), (b"[1]x", None),
+])
+def test_json_id_lists_are_parsed_strictly(text, ids):
+    from tokshuf._verify import _id_list
+
+    got = _id_list(text)
+    assert (got is None and ids is None) or list(got) == ids
+    big = _id_list(b"[99999999999999999999]")  # saturates: never wraps to a small id
+    assert big is not None and big[0] >= 2**32

@@ -12,13 +12,13 @@ it is compared with the real file size, so a crafted cache cannot make this allo
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import io
 import json
 import os
 import re
 import stat
+import warnings
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +31,7 @@ from .exceptions import CacheCorruptError
 TAR_BLOCK = 512
 SHARD_RE = re.compile(r"shard_[0-9]{8}")
 SHA_RE = re.compile(r"[0-9a-f]{64}")
+_SPACED_DIGITS = re.compile(rb"[0-9]\s+[0-9]")
 DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 ROWS_PER_BLOCK = 2048  # npy members checked at once: bounds memory whatever the chunk size
 MAX_REPORTED = 50
@@ -445,6 +446,30 @@ def _check_npy_shard(f, name: str, size: int, meta: Dict[str, Any], k: int, n: i
     return True
 
 
+def _id_list(text: bytes) -> Optional[np.ndarray]:
+    """The non-negative integers of a JSON list like ``[1,2,3]``, or None for anything else.
+
+    The text is checked to be digits separated by single commas (whitespace allowed between
+    tokens), then read by NumPy's C parser: several times faster than json.loads plus a type
+    check per element. A number too long for int64 saturates (strtoll), so it is >= vocab."""
+    if len(text) < 2 or text[:1] != b"[" or text[-1:] != b"]":
+        return None
+    inner = text[1:-1]
+    if inner.translate(None, b"0123456789,"):
+        if inner.translate(None, b"0123456789, \t\r\n") or _SPACED_DIGITS.search(inner):
+            return None
+        inner = inner.translate(None, b" \t\r\n")
+    if not inner or inner[:1] == b"," or inner[-1:] == b"," or b",," in inner:
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        try:
+            ids = np.fromstring(inner, dtype=np.int64, sep=",")
+        except (ValueError, DeprecationWarning):
+            return None
+    return ids if len(ids) == inner.count(b",") + 1 else None
+
+
 def _check_json_shard(f, name: str, size: int, meta: Dict[str, Any], k: int, n: int, report: VerifyReport) -> bool:
     seqlen, vocab = meta["seqlen"], meta["tokenizer"]["vocab_size"]
     # "[" + ids of at most 10 digits + commas + "]": anything longer is not ours (or a gzip bomb).
@@ -474,12 +499,12 @@ def _check_json_shard(f, name: str, size: int, meta: Dict[str, Any], k: int, n: 
             text = d.decompress(data[:length], max_json + 1)
             if len(text) > max_json or not d.eof or d.unused_data:
                 raise ValueError("not a single gzip stream of one short JSON list")
-            ids = json.loads(text)
-        except (zlib.error, ValueError, gzip.BadGzipFile) as e:
+        except (zlib.error, ValueError) as e:
             report.problem(f"{name}: member {i}: {e}")
             return False
-        if not (isinstance(ids, list) and len(ids) == seqlen and all(_is_int(x) and 0 <= x < vocab for x in ids)):
-            report.problem(f"{name}: member {i}: not a list of {seqlen} ids in [0, {vocab})")
+        ids = _id_list(text)
+        if ids is None or len(ids) != seqlen or ids.max() >= vocab:
+            report.problem(f"{name}: member {i}: not a JSON list of {seqlen} ids in [0, {vocab})")
             return False
     trailer = f.read(2 * TAR_BLOCK + 1)
     if trailer != bytes(2 * TAR_BLOCK):

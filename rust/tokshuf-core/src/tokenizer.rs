@@ -152,7 +152,7 @@ impl Encoder for Tiktoken {
                         // Every character starts a match, so the failed search began at `done`.
                         let tail = &rest[done..];
                         let n = wsrun::run_match(self.ws_rule, tail).ok_or_else(|| format!("tokenizer regex failed: {e}"))?;
-                        self.bpe.encode_piece(tail[..n].as_bytes(), out);
+                        self.bpe.encode_piece(&tail.as_bytes()[..n], out);
                         rest = &tail[n..];
                         continue 'resume;
                     }
