@@ -438,24 +438,25 @@ def test_valid_compressed_empty_stream(tmp_path, tok):
 
 
 @pytest.mark.parametrize("errors", ["raise", "skip"])
-def test_inputs_without_any_document_are_an_error(tmp_path, errors):
+def test_inputs_without_any_context_build_an_empty_cache(tmp_path, tok, errors):
+    """Not an error (other tests build such caches on purpose); the counts say why it is empty."""
     empty = tmp_path / "empty.jsonl"
     empty.write_bytes(b"")
     bad = tmp_path / "bad.jsonl"
     bad.write_bytes(b"\n{}\n")
-    if errors == "raise":
-        with pytest.raises(tokshuf.InputError, match="no context") as ei:
-            build([empty], tmp_path / "out")
-    else:
-        with pytest.raises(tokshuf.InputError, match="1 bad lines skipped") as ei:
-            build([empty, bad], tmp_path / "out", errors="skip")
-    assert isinstance(ei.value, ValueError)
+    inputs = [empty] if errors == "raise" else [empty, bad]
+    stats = build(inputs, tmp_path / "out", errors=errors)
+    assert (stats.num_contexts, stats.num_chunks, stats.num_documents) == (0, 0, 0)
+    assert stats.metadata["skipped"] == ({} if errors == "raise" else {"missing_text": 1})
+    assert (tmp_path / "out" / "manifest.jsonl").read_bytes() == b""
+    assert tokshuf.verify(tmp_path / "out", full=True).ok
+    assert_cache_holds(tmp_path / "out", [[] for _ in inputs], tok)
 
 
-def test_short_documents_dropped_by_tail_policy_are_an_error(tmp_path):
+def test_short_documents_dropped_by_tail_policy(tmp_path):
     src = write_jsonl(tmp_path / "a.jsonl", ["tiny"])
-    with pytest.raises(tokshuf.InputError, match="no context of 64 ids"):
-        build([src], tmp_path / "out", tail="drop")
+    stats = build([src], tmp_path / "out", tail="drop")
+    assert stats.num_contexts == 0 and stats.metadata["dropped_tokens"] == len(tokshuf.Tokenizer(tokshuf.DEFAULT_TOKENIZER).encode("tiny")) + 1
 
 
 # ---------------------------------------------------------------------------------------------

@@ -288,15 +288,10 @@ def test_corrupted_jsonl_exact(tok, docs, ascii_only, data):
         got = run_build(src, Path(d) / "raise", "raise")
         if first_bad is not None:
             assert isinstance(got, tokshuf.InputError) and f"{src}:{first_bad}:" in str(got), got
-        elif not want_docs:
-            assert isinstance(got, tokshuf.InputError) and "no context" in str(got), got
         else:
             assert isinstance(got, tokshuf.BuildStats), got
         got = run_build(src, Path(d) / "skip", "skip")
-        if not want_docs:
-            assert isinstance(got, tokshuf.InputError) and "no context" in str(got), got
-            return
-        assert isinstance(got, tokshuf.BuildStats), got
+        assert isinstance(got, tokshuf.BuildStats), got  # possibly an empty cache
         meta = got.metadata
         assert meta["skipped"] == dict(want_skipped)
         assert (meta["blank_lines"], meta["empty_documents"]) == (blank, empty)
@@ -334,8 +329,7 @@ def test_corrupted_compressed_inputs_give_typed_outcomes(tok, suffix, docs, data
         src.write_bytes(raw)
         strict = run_build(src, Path(d) / "raise", "raise")
         if isinstance(strict, tokshuf.TokshufError):
-            assert isinstance(strict, tokshuf.InputError), strict
-            assert str(src) in str(strict) or "no context" in str(strict), strict
+            assert isinstance(strict, tokshuf.InputError) and f"{src}:" in str(strict), strict
         else:
             # Accepted as a whole: Python's decoders must agree on every byte of it.
             plain = python_decompress(suffix, raw)
@@ -344,9 +338,7 @@ def test_corrupted_compressed_inputs_give_typed_outcomes(tok, suffix, docs, data
             assert first_bad is None and not skipped
             assert_cache_holds(Path(d) / "raise", [want_docs], tok)
         lenient = run_build(src, Path(d) / "skip", "skip")
-        if isinstance(lenient, tokshuf.TokshufError):
-            assert isinstance(lenient, tokshuf.InputError) and "no context" in str(lenient), lenient
-            return
+        assert isinstance(lenient, tokshuf.BuildStats), lenient
         assert lenient.metadata["skipped"].get("corrupt_stream", 0) <= 1
         report = tokshuf.verify(Path(d) / "skip", full=True)
         assert report.ok, report.summary()

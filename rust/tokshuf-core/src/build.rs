@@ -111,17 +111,6 @@ pub fn build(opts: &BuildOptions, cancel: Arc<AtomicBool>) -> Result<Value> {
     let t = Instant::now();
     let counts: Vec<u64> = summaries.iter().map(|s| s.num_contexts).collect();
     let total: u64 = counts.iter().sum();
-    if total == 0 {
-        // A cache without a single example is no use to a trainer and breaks every reader.
-        let docs: u64 = summaries.iter().map(|s| s.num_documents).sum();
-        let tokens: u64 = summaries[..nfiles].iter().map(|s| s.num_tokens).sum();
-        let skipped: u64 = summaries.iter().flat_map(|s| s.skipped.values()).sum();
-        return Err(Error::NoData(format!(
-            "the inputs yield no context of {} ids: {nfiles} file(s), {docs} documents, {tokens} tokens, \
-             {skipped} bad lines skipped (tail policy {:?})",
-            recipe.seqlen, recipe.tail
-        )));
-    }
     if counts.len() >= 1 << FILE_BITS || counts.iter().any(|&c| c >= 1 << POS_BITS) {
         return Err(Error::Config("too many input files or contexts in one file".into()));
     }

@@ -25,9 +25,6 @@ pub enum Error {
     /// The output folder holds something this build must not overwrite or resume.
     #[error("{0}")]
     OutputExists(String),
-    /// The inputs, read without error (or with every bad line skipped), yield no context.
-    #[error("{0}")]
-    NoData(String),
     /// The caller asked to stop (Ctrl-C).
     #[error("interrupted")]
     Interrupted,
@@ -52,7 +49,6 @@ impl Error {
                 _ => "TokshufIOError",
             },
             Error::Config(_) => "ConfigError",
-            Error::NoData(_) => "InputError",
             Error::Tokenizer(_) => "TokenizerError",
             Error::Corrupt { .. } => "CacheCorruptError",
             Error::OutputExists(_) => "OutputExistsError",

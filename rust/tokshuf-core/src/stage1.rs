@@ -212,8 +212,7 @@ fn consume(
                 }
                 Done::Passthrough(Job::StreamError { line, error, .. }) => {
                     let (_, w) = current.as_mut().expect("set above");
-                    // A stream cannot be resynchronised after damage: the rest of the file is lost.
-                    let reason = format!("cannot decompress or read from this line on: {error}");
+                    let reason = format!("cannot decompress or read: {error}");
                     match cfg.errors {
                         ErrorPolicy::Raise => {
                             return Err(Error::BadInput {
