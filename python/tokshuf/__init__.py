@@ -7,6 +7,7 @@ from ._build import DEFAULT_TOKENIZER, BuildStats, build_cache
 from ._cache import Cache
 from ._core import Tokenizer, __version__
 from ._reader import Reader, shift_targets
+from ._verify import VerifyReport, verify
 from .exceptions import (
     CacheCorruptError,
     ConfigError,
@@ -18,6 +19,7 @@ from .exceptions import (
     TokenizerError,
     TokshufError,
     TokshufIOError,
+    TokshufPermissionError,
 )
 
 __all__ = [
@@ -30,11 +32,14 @@ __all__ = [
     "Cache",
     "Reader",
     "shift_targets",
+    "verify",
+    "VerifyReport",
     "TokshufError",
     "ConfigError",
     "InputError",
     "InputNotFoundError",
     "TokshufIOError",
+    "TokshufPermissionError",
     "DiskFullError",
     "TokenizerError",
     "CacheCorruptError",

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import List, Optional
 
-from . import _cli_blend, _cli_read, _cli_status
+from . import _cli_blend, _cli_read, _cli_status, _cli_verify
 from .exceptions import TokshufError
 
 
@@ -89,6 +89,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     _cli_blend.add_parser(sub)
     _cli_read.add_parser(sub)
     _cli_status.add_parser(sub)
+    _cli_verify.add_parser(sub)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

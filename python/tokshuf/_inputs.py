@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Iterable, List, Union
 
-from .exceptions import ConfigError, InputNotFoundError
+from .exceptions import ConfigError, InputNotFoundError, TokshufIOError, TokshufPermissionError
 
 PathLike = Union[str, "os.PathLike[str]"]
 SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".jsonl.zstd")
@@ -17,10 +17,16 @@ def is_input_name(name: str) -> bool:
     return name.endswith(SUFFIXES)
 
 
+def _unlistable(err: OSError) -> None:
+    """os.walk skips a directory it cannot list; a build must not silently lose its files."""
+    cls = TokshufPermissionError if isinstance(err, PermissionError) else TokshufIOError
+    raise cls(f"{err.filename}: cannot list directory: {err.strerror}") from err
+
+
 def _walk(root: str) -> Iterable[str]:
     """Files under ``root``, following symlinks but never entering a directory twice."""
     seen = set()
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True, onerror=_unlistable):
         real = os.path.realpath(dirpath)
         if real in seen:  # a symlink loop or a second link to the same directory
             dirnames[:] = []
@@ -35,7 +41,8 @@ def _walk(root: str) -> Iterable[str]:
 def expand_inputs(inputs: Union[PathLike, Iterable[PathLike]]) -> List[str]:
     """Files, directories (recursive) and globs -> sorted list of input files.
 
-    A file reachable twice (given twice, or through a directory and a symlink) is read once.
+    A file reachable twice (given twice, through a directory and a symlink, or by a hard
+    link) is read once.
     """
     if isinstance(inputs, (str, os.PathLike)):
         inputs = [inputs]
@@ -54,14 +61,28 @@ def expand_inputs(inputs: Union[PathLike, Iterable[PathLike]]) -> List[str]:
             if not matches:
                 raise InputNotFoundError(f"{item}: pattern matches no files")
             found.extend(matches)
+        elif os.path.lexists(item):
+            raise InputNotFoundError(f"{item}: a symbolic link to nothing (dangling, or a loop)")
         else:
             raise InputNotFoundError(f"{item}: no such file or directory")
     if not found:
         raise ConfigError("no input files given")
-    unique = {}
     for path in sorted(found):
-        unique.setdefault(os.path.realpath(path), path)
+        if not os.path.exists(path):  # only links found in a directory walk get here
+            raise InputNotFoundError(f"{path}: a symbolic link to nothing (dangling, or a loop)")
+    unique: dict = {}
+    for path in sorted(found):
+        unique.setdefault(_identity(path), path)
     return sorted(unique.values())
+
+
+def _identity(path: str) -> object:
+    """The file behind ``path``: the same for symlinks and hard links to one file."""
+    try:
+        st = os.stat(path)
+        return (st.st_dev, st.st_ino)
+    except OSError:  # dangling or looping link: kept, so the build names it in its error
+        return os.path.realpath(path)
 
 
 def resolve_output(output: PathLike) -> Path:

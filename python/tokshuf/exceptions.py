@@ -27,6 +27,10 @@ class TokshufIOError(TokshufError, OSError):
     """The operating system refused a read or write (permissions, I/O error...)."""
 
 
+class TokshufPermissionError(TokshufIOError, PermissionError):
+    """The operating system denied access to an input or output path."""
+
+
 class DiskFullError(TokshufIOError):
     """No space left on a device. Free space and run the same build again to resume."""
 
@@ -53,6 +57,7 @@ __all__ = [
     "InputError",
     "InputNotFoundError",
     "TokshufIOError",
+    "TokshufPermissionError",
     "DiskFullError",
     "TokenizerError",
     "CacheCorruptError",

@@ -651,6 +651,10 @@ fn make_recipe(opts: &BuildOptions, tok: &Tokenizer) -> Result<Recipe> {
             if md.is_dir() {
                 return Err(Error::io(&path, std::io::Error::other("is a directory, not an input file")));
             }
+            if md.is_file() {
+                // Fail before hours of work on file 1, not when file 900 turns out unreadable.
+                File::open(&path).map_err(|e| Error::io(&path, e))?;
+            }
             Ok(InputFile { path, bytes: md.len() })
         })
         .collect::<Result<Vec<_>>>()?;

@@ -51,6 +51,7 @@ impl Error {
             Error::BadInput { .. } => "InputError",
             Error::Io { source, .. } => match source.kind() {
                 std::io::ErrorKind::NotFound => "InputNotFoundError",
+                std::io::ErrorKind::PermissionDenied => "TokshufPermissionError",
                 std::io::ErrorKind::StorageFull => "DiskFullError",
                 _ if source.raw_os_error() == Some(28) => "DiskFullError",
                 _ => "TokshufIOError",
@@ -74,16 +75,18 @@ pub enum SkipReason {
     TextNotString,
     InvalidUtf8,
     CorruptStream,
+    TokenizerFailed,
 }
 
 impl SkipReason {
-    pub const ALL: [SkipReason; 6] = [
+    pub const ALL: [SkipReason; 7] = [
         SkipReason::InvalidJson,
         SkipReason::NotAnObject,
         SkipReason::MissingText,
         SkipReason::TextNotString,
         SkipReason::InvalidUtf8,
         SkipReason::CorruptStream,
+        SkipReason::TokenizerFailed,
     ];
     pub fn name(self) -> &'static str {
         match self {
@@ -93,6 +96,7 @@ impl SkipReason {
             SkipReason::TextNotString => "text_not_string",
             SkipReason::InvalidUtf8 => "invalid_utf8",
             SkipReason::CorruptStream => "corrupt_stream",
+            SkipReason::TokenizerFailed => "tokenizer_failed",
         }
     }
 }

@@ -7,28 +7,71 @@ use std::fmt;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 use crate::error::{Error, Result, SkipReason};
 
-/// Open an input file, choosing the decoder from its name.
+/// Open an input file, choosing the decoder from its name. A decoding failure names the
+/// compressed byte offset the decoder had reached (within one read buffer of the damage).
 pub fn open(path: &Path) -> Result<Box<dyn BufRead + Send>> {
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
-    if file.metadata().map(|m| m.is_dir()).unwrap_or(false) {
+    let md = file.metadata().map_err(|e| Error::io(path, e))?;
+    if md.is_dir() {
         return Err(Error::io(path, std::io::Error::other("is a directory")));
     }
-    let name = path.to_string_lossy();
     const CAP: usize = 1 << 20;
+    // An empty file holds no lines whatever its name says (Python's gzip module agrees); only
+    // a non-empty file must be a valid stream.
+    if md.is_file() && md.len() == 0 {
+        return Ok(Box::new(BufReader::new(std::io::empty())));
+    }
+    let name = path.to_string_lossy();
+    let pos = Arc::new(AtomicU64::new(0));
+    let size = md.len();
+    let counted = Counting { inner: file, pos: pos.clone() };
     let reader: Box<dyn BufRead + Send> = if name.ends_with(".gz") {
-        Box::new(BufReader::with_capacity(CAP, flate2::bufread::MultiGzDecoder::new(BufReader::new(file))))
+        let dec = flate2::bufread::MultiGzDecoder::new(BufReader::new(counted));
+        Box::new(BufReader::with_capacity(CAP, ErrorAt { inner: dec, pos, size }))
     } else if name.ends_with(".zst") || name.ends_with(".zstd") {
-        let dec = zstd::stream::read::Decoder::new(file).map_err(|e| Error::io(path, e))?;
-        Box::new(BufReader::with_capacity(CAP, dec))
+        let dec = zstd::stream::read::Decoder::new(counted).map_err(|e| Error::io(path, e))?;
+        Box::new(BufReader::with_capacity(CAP, ErrorAt { inner: dec, pos, size }))
     } else {
-        Box::new(BufReader::with_capacity(CAP, file))
+        Box::new(BufReader::with_capacity(CAP, counted.inner))
     };
     Ok(reader)
+}
+
+/// Counts the bytes read from the (compressed) file.
+struct Counting<R> {
+    inner: R,
+    pos: Arc<AtomicU64>,
+}
+
+impl<R: Read> Read for Counting<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.pos.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+}
+
+/// Adds the compressed position to a decoder's errors.
+struct ErrorAt<R> {
+    inner: R,
+    pos: Arc<AtomicU64>,
+    size: u64,
+}
+
+impl<R: Read> Read for ErrorAt<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.inner.read(buf).map_err(|e| {
+            let at = self.pos.load(Ordering::Relaxed);
+            std::io::Error::new(e.kind(), format!("{e} (decoder had read {at} of {} compressed bytes)", self.size))
+        })
+    }
 }
 
 /// True for the names `build_cache` accepts as input files.
@@ -86,12 +129,22 @@ pub enum Line<'a> {
 }
 
 /// Parse one line (without its trailing newline) and return its text field.
+///
+/// A line must be valid UTF-8 as a whole (RFC 8259, and what Python's `json.loads` of the
+/// raw line demands), even where the bad bytes sit outside the text value.
 pub fn parse_line<'a>(line: &'a [u8], key: &str) -> Line<'a> {
     let line = line.strip_suffix(b"\r").unwrap_or(line);
     if line.iter().all(|b| b.is_ascii_whitespace()) {
         return Line::Blank;
     }
-    let mut de = serde_json::Deserializer::from_slice(line);
+    let line = match std::str::from_utf8(line) {
+        Ok(s) => s,
+        Err(e) => {
+            return Line::Bad(SkipReason::InvalidUtf8, format!("invalid UTF-8 at byte {} of the line", e.valid_up_to()))
+        }
+    };
+    // Validated above, so the str reader (which skips UTF-8 checks) is safe and faster.
+    let mut de = serde_json::Deserializer::from_str(line);
     let parsed = TextSeed { key }.deserialize(&mut de).and_then(|v| de.end().map(|_| v));
     match parsed {
         Ok(Extracted::Text(t)) => Line::Text(t),
@@ -104,10 +157,11 @@ pub fn parse_line<'a>(line: &'a [u8], key: &str) -> Line<'a> {
         }
         Err(e) => {
             let msg = e.to_string();
-            if std::str::from_utf8(line).is_err() {
-                Line::Bad(SkipReason::InvalidUtf8, format!("invalid UTF-8 ({msg})"))
-            } else if msg.contains("surrogate") || msg.contains("hex escape") || msg.contains("invalid unicode code point") {
-                Line::Bad(SkipReason::InvalidUtf8, format!("text is not valid Unicode ({msg})"))
+            if msg.contains("surrogate") || msg.contains("hex escape") {
+                // serde_json's words for a lone UTF-16 surrogate escape such as "\ud800".
+                Line::Bad(SkipReason::InvalidUtf8, format!("a string holds a lone surrogate escape ({msg})"))
+            } else if line.starts_with('\u{feff}') {
+                Line::Bad(SkipReason::InvalidJson, format!("invalid JSON: a byte-order mark inside the file ({msg})"))
             } else {
                 Line::Bad(SkipReason::InvalidJson, format!("invalid JSON ({msg})"))
             }
@@ -287,5 +341,57 @@ mod tests {
         assert!(matches!(text(&deep), Line::Bad(SkipReason::NotAnObject, _)));
         let nested = format!(r#"{{"x": {}{}, "text": "ok"}}"#, "[".repeat(100_000), "]".repeat(100_000));
         assert_eq!(text(&nested), Line::Text("ok".into()));
+    }
+
+    #[test]
+    fn whole_line_must_be_utf8_and_surrogates_only_matter_in_text() {
+        // Bad bytes outside the text value still make the line bad (as json.loads would).
+        assert!(matches!(parse_line(b"{\"x\": \"\xff\", \"text\": \"a\"}", "text"), Line::Bad(SkipReason::InvalidUtf8, _)));
+        match parse_line(b"{\"text\": \"ab\xc3\"}", "text") {
+            Line::Bad(SkipReason::InvalidUtf8, m) => assert!(m.contains("byte 12"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        // A lone surrogate in a field nobody reads is tolerated, as by Python's json module.
+        assert_eq!(text(r#"{"x": "\udc00", "text": "a"}"#), Line::Text("a".into()));
+        assert!(matches!(text(r#"{"text": "\udc00"}"#), Line::Bad(SkipReason::InvalidUtf8, _)));
+        assert!(matches!(text(r#"{"text": "\ud800x"}"#), Line::Bad(SkipReason::InvalidUtf8, _)));
+        assert_eq!(text(r#"{"text": "\ud83d\ude00"}"#), Line::Text("\u{1F600}".into()));
+        // Raw NUL is a control character inside a string; escaped NUL is text.
+        assert!(matches!(parse_line(b"{\"text\": \"a\0b\"}", "text"), Line::Bad(SkipReason::InvalidJson, _)));
+        assert_eq!(text(r#"{"text": "a\u0000b"}"#), Line::Text("a\0b".into()));
+        // A BOM after the first line is not stripped.
+        match parse_line("\u{feff}{\"text\": \"a\"}".as_bytes(), "text") {
+            Line::Bad(SkipReason::InvalidJson, m) => assert!(m.contains("byte-order mark"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn bom_is_stripped_from_the_first_line_only() {
+        let data = b"\xEF\xBB\xBF{\"text\": \"a\"}\r\n\xEF\xBB\xBF{\"text\": \"b\"}".to_vec();
+        let mut lines = LineBatcher::new(&data[..]);
+        let (mut buf, mut ends) = (Vec::new(), Vec::new());
+        assert!(lines.fill(&mut buf, &mut ends, 1 << 20).unwrap());
+        assert_eq!(ends.len(), 2);
+        assert_eq!(parse_line(buf[..ends[0]].strip_suffix(b"\n").unwrap(), "text"), Line::Text("a".into()));
+        assert!(matches!(parse_line(&buf[ends[0]..ends[1]], "text"), Line::Bad(SkipReason::InvalidJson, _)));
+    }
+
+    #[test]
+    fn empty_compressed_files_are_empty_and_truncated_ones_say_where() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["a.jsonl.gz", "a.jsonl.zst", "a.jsonl"] {
+            let p = dir.path().join(name);
+            std::fs::write(&p, b"").unwrap();
+            let mut out = Vec::new();
+            open(&p).unwrap().read_to_end(&mut out).unwrap();
+            assert!(out.is_empty());
+        }
+        let payload: Vec<u8> = (0..2000).flat_map(|i| format!("{{\"text\": \"doc {i}\"}}\n").into_bytes()).collect();
+        let z = zstd::encode_all(&payload[..], 3).unwrap();
+        let p = dir.path().join("t.jsonl.zst");
+        std::fs::write(&p, &z[..z.len() - 3]).unwrap();
+        let err = open(&p).unwrap().read_to_end(&mut Vec::new()).unwrap_err();
+        assert!(err.to_string().contains(&format!("of {} compressed bytes", z.len() - 3)), "{err}");
     }
 }

@@ -317,16 +317,25 @@ fn tokenize_batch(cfg: &Stage1Config, path: &Path, first_line: u64, buf: &[u8], 
             },
             Line::Text(text) if text.is_empty() => t.empty += 1,
             Line::Text(text) => {
-                t.documents += 1;
-                t.text_bytes += text.len() as u64;
+                let mark = t.ids.len();
                 t.ids.extend(cfg.bos_id);
-                cfg.encoder.encode_into(&text, &mut t.ids).map_err(|reason| Error::BadInput {
-                    path: path.to_path_buf(),
-                    line: line_no,
-                    reason,
-                    kind: SkipReason::InvalidUtf8,
-                })?;
-                t.ids.push(cfg.eot_id);
+                match cfg.encoder.encode_into(&text, &mut t.ids) {
+                    Ok(()) => {
+                        t.ids.push(cfg.eot_id);
+                        t.documents += 1;
+                        t.text_bytes += text.len() as u64;
+                    }
+                    Err(reason) => {
+                        t.ids.truncate(mark); // nothing of a failed document reaches the cache
+                        let kind = SkipReason::TokenizerFailed;
+                        match cfg.errors {
+                            ErrorPolicy::Raise => {
+                                return Err(Error::BadInput { path: path.to_path_buf(), line: line_no, reason, kind })
+                            }
+                            ErrorPolicy::Skip => t.skipped.push((kind, line_no, reason)),
+                        }
+                    }
+                }
             }
         }
     }
@@ -471,5 +480,60 @@ pub fn encode_ids(dtype: Dtype, ids: &[u32], out: &mut Vec<u8>) {
     match dtype {
         Dtype::Uint16 => out.extend(ids.iter().flat_map(|&i| (i as u16).to_le_bytes())),
         Dtype::Uint32 => out.extend(ids.iter().flat_map(|&i| i.to_le_bytes())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One id per byte; refuses any text holding U+0001, as a tokenizer may refuse a document.
+    struct Picky;
+
+    impl Encoder for Picky {
+        fn encode_into(&self, text: &str, out: &mut Vec<u32>) -> std::result::Result<(), String> {
+            out.extend(text.bytes().map(u32::from));
+            if text.contains('\u{1}') {
+                return Err("cannot encode U+0001".into()); // after writing some ids, on purpose
+            }
+            Ok(())
+        }
+        fn decode(&self, _: &[u32]) -> String {
+            String::new()
+        }
+    }
+
+    fn cfg(errors: ErrorPolicy) -> Stage1Config {
+        Stage1Config {
+            encoder: Arc::new(Picky),
+            text_key: "text".into(),
+            bos_id: Some(7),
+            eot_id: 9,
+            pad_id: 9,
+            seqlen: 4,
+            dtype: Dtype::Uint16,
+            tail: Tail::Stitch,
+            errors,
+        }
+    }
+
+    #[test]
+    fn a_document_the_tokenizer_refuses_follows_the_policy() {
+        let lines = b"{\"text\": \"ab\"}\n{\"text\": \"x\\u0001y\"}\n{\"text\": \"c\"}\n";
+        let ends: Vec<usize> = lines.iter().enumerate().filter(|(_, &b)| b == b'\n').map(|(i, _)| i + 1).collect();
+        let path = Path::new("in.jsonl");
+        let t = tokenize_batch(&cfg(ErrorPolicy::Skip), path, 10, lines, &ends).unwrap();
+        // Nothing of the refused document (not even its BOS) is kept.
+        assert_eq!(t.ids, vec![7, 97, 98, 9, 7, 99, 9]);
+        assert_eq!(t.documents, 2);
+        assert_eq!(t.skipped.len(), 1);
+        assert_eq!((t.skipped[0].0, t.skipped[0].1), (SkipReason::TokenizerFailed, 11));
+        match tokenize_batch(&cfg(ErrorPolicy::Raise), path, 10, lines, &ends) {
+            Err(e @ Error::BadInput { kind: SkipReason::TokenizerFailed, line: 11, .. }) => {
+                assert_eq!(e.to_string(), "in.jsonl:11: cannot encode U+0001");
+                assert_eq!(e.kind(), "InputError");
+            }
+            other => panic!("{:?}", other.map(|t| t.ids)),
+        }
     }
 }

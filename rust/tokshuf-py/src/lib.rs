@@ -5,6 +5,7 @@
 mod blend;
 mod reader;
 mod status;
+mod inputs;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,6 +18,7 @@ use pyo3::types::PyType;
 
 use tokshuf_core::meta::{BuildOptions, ErrorPolicy, Format, Tail};
 use tokshuf_core::Error;
+
 
 /// Raise `err` as the `tokshuf.exceptions` class it maps to.
 fn to_pyerr(py: Python<'_>, err: Error) -> PyErr {
@@ -222,5 +224,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     blend::register(m)?;
     reader::register(m)?;
     status::register(m)?;
+    inputs::register(m)?;
     Ok(())
 }

@@ -1,0 +1,48 @@
+"""Time `tokshuf.verify` (quick and --full) on a cache built from the real corpus.
+
+    python benches/verify_bench.py [--inputs GLOB] [--cache DIR] [--seqlen N] [--chunk-size N]
+
+Builds the cache once (reused when DIR already holds a complete one), then reports MB/s of
+shard data for both modes. Run on a quiet machine; a smoke run on a tiny input:
+    python benches/verify_bench.py --inputs '/work/corpus/out/jsonl/*00000.jsonl' --cache /tmp/vb
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import time
+
+import tokshuf
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--inputs", default="/work/corpus/out/subset100m/jsonl/*")
+    ap.add_argument("--cache", default="/tmp/tokshuf-verify-bench")
+    ap.add_argument("--seqlen", type=int, default=2049)
+    ap.add_argument("--chunk-size", type=int, default=8192)
+    ap.add_argument("--format", default="npy", choices=["npy", "json.gz"])
+    args = ap.parse_args()
+    files = sorted(glob.glob(args.inputs))
+    if not files:
+        raise SystemExit(f"no inputs match {args.inputs}")
+    t = time.perf_counter()
+    tokshuf.build_cache(files, args.cache, seqlen=args.seqlen, chunk_size=args.chunk_size,
+                        format=args.format, progress=False)
+    print(f"build (or reuse): {time.perf_counter() - t:.1f} s")
+    meta = json.load(open(os.path.join(args.cache, "tokshuf.json")))
+    for full in (False, True):
+        t = time.perf_counter()
+        report = tokshuf.verify(args.cache, full=full)
+        secs = time.perf_counter() - t
+        assert report.ok, report.summary()
+        print(f"verify full={full}: {report.num_shards} shards, {report.num_contexts:,} contexts, "
+              f"{report.num_bytes / 1e6:,.0f} MB in {secs:.2f} s = {report.num_bytes / 1e6 / secs:,.0f} MB/s "
+              f"({meta['format']}, seqlen {meta['seqlen']})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,513 @@
+"""``tokshuf.verify``: check a cache on disk against its own metadata (DESIGN §2, §3, §8).
+
+Checks, in order: tokshuf.json (complete, known format, sane values), manifest.jsonl (strict
+shard names in chunk order, counts that add up to tokshuf.json), then every shard: size, tar
+layout (ustar headers, member names, fixed stride for npy), npy headers, every id below the
+vocabulary size, and with ``full=True`` the sha256 recorded in the manifest.
+
+Only files named by a validated manifest line (``shard_NNNNNNNN.tar`` inside the folder) are
+ever opened; nothing is unpickled or executed, and no size read from a file is trusted before
+it is compared with the real file size, so a crafted cache cannot make this allocate much.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import stat
+import warnings
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+import numpy as np
+
+from .exceptions import CacheCorruptError
+
+TAR_BLOCK = 512
+SHARD_RE = re.compile(r"shard_[0-9]{8}")
+SHA_RE = re.compile(r"[0-9a-f]{64}")
+_SPACED_DIGITS = re.compile(rb"[0-9]\s+[0-9]")
+DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
+ROWS_PER_BLOCK = 2048  # npy members checked at once: bounds memory whatever the chunk size
+MAX_REPORTED = 50
+
+
+@dataclass
+class VerifyReport:
+    """What ``verify`` found. ``ok`` is true when ``problems`` is empty."""
+
+    path: str
+    full: bool
+    problems: List[str] = field(default_factory=list)
+    warnings: List[str] = field(default_factory=list)
+    num_shards: int = 0
+    num_contexts: int = 0
+    num_bytes: int = 0
+    metadata: Optional[Dict[str, Any]] = field(default=None, repr=False)
+    omitted: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and not self.omitted
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def problem(self, text: str) -> None:
+        if len(self.problems) < MAX_REPORTED:
+            self.problems.append(text)
+        else:
+            self.omitted += 1
+
+    def summary(self) -> str:
+        m = self.metadata or {}
+        lines = [f"tokshuf verify: {self.path}"]
+        if m:
+            tok = m.get("tokenizer") if isinstance(m.get("tokenizer"), dict) else {}
+            lines.append(
+                f"  metadata    format {m.get('format_version')}, status {m.get('status')}, "
+                f"{m.get('num_chunks')} chunks of {m.get('chunk_size')}, seqlen {m.get('seqlen')}, "
+                f"{m.get('dtype')} ({m.get('format')}), vocab {tok.get('vocab_size')}"
+            )
+        lines.append(
+            f"  checked     {self.num_shards} shards, {self.num_contexts:,} contexts, "
+            f"{self.num_bytes / 1e6:,.1f} MB; sha256 {'checked' if self.full else 'not checked (use --full)'}"
+        )
+        for w in self.warnings:
+            lines.append(f"  warning     {w}")
+        if self.ok:
+            lines.append("  result      OK")
+        else:
+            n = len(self.problems) + self.omitted
+            lines.append(f"  result      FAILED: {n} problem{'s' if n != 1 else ''}")
+            lines.extend(f"    {p}" for p in self.problems)
+            if self.omitted:
+                lines.append(f"    ... and {self.omitted} more")
+        return "\n".join(lines)
+
+    def raise_if_bad(self) -> "VerifyReport":
+        """Raise :class:`CacheCorruptError` listing the problems, if any."""
+        if not self.ok:
+            raise CacheCorruptError(f"{self.path}: " + "; ".join(self.problems[:10]))
+        return self
+
+
+def verify(path: Union[str, "os.PathLike[str]"], full: bool = False) -> VerifyReport:
+    """Check the cache at ``path``; ``full`` also hashes every shard (reads every byte).
+
+    Returns a :class:`VerifyReport` (problems are reported, not raised; call
+    ``report.raise_if_bad()`` to turn them into a :class:`CacheCorruptError`).
+    """
+    root = Path(os.fspath(path))
+    report = VerifyReport(path=str(root), full=full)
+    if not root.is_dir():
+        report.problem(f"{root}: not a folder")
+        return report
+    meta = _check_metadata(root, report)
+    if meta is None:
+        return report
+    manifest = _check_manifest(root, meta, report)
+    if manifest is None:
+        return report
+    _check_folder(root, manifest, report)
+    header: Dict[str, bytes] = {}
+    for k, line in enumerate(manifest):
+        _check_shard(root, meta, k, line, full, header, report)
+    return report
+
+
+# ------------------------------------------------------------------------------------------------
+# tokshuf.json
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_metadata(root: Path, report: VerifyReport) -> Optional[Dict[str, Any]]:
+    p = root / "tokshuf.json"
+    try:
+        meta = json.loads(p.read_bytes())
+    except FileNotFoundError:
+        report.problem("tokshuf.json: missing (not a tokshuf cache)")
+        return None
+    except (OSError, ValueError) as e:
+        report.problem(f"tokshuf.json: unreadable ({e})")
+        return None
+    if not isinstance(meta, dict):
+        report.problem("tokshuf.json: not a JSON object")
+        return None
+    report.metadata = meta
+    bad = len(report.problems)
+
+    def need_int(key: str, lo: int = 0, hi: Optional[int] = None, where: Dict[str, Any] = meta, name: str = "") -> None:
+        v = where.get(key)
+        if not _is_int(v) or v < lo or (hi is not None and v > hi):
+            rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+            report.problem(f"tokshuf.json: {name or key} is {v!r}, expected an integer {rng}")
+
+    if meta.get("format_version") != 1:
+        report.problem(f"tokshuf.json: format_version {meta.get('format_version')!r} is not 1")
+    if meta.get("status") != "complete":
+        report.problem(f"tokshuf.json: status {meta.get('status')!r}: the build is not complete")
+    for key in ("seqlen", "chunk_size"):
+        need_int(key, 1)
+    for key in ("num_chunks", "num_contexts", "num_tokens", "num_documents", "num_padding_tokens"):
+        need_int(key, 0)
+    if meta.get("dtype") not in DTYPES:
+        report.problem(f"tokshuf.json: dtype {meta.get('dtype')!r} is not uint16 or uint32")
+    if meta.get("format") not in ("npy", "json.gz"):
+        report.problem(f"tokshuf.json: format {meta.get('format')!r} is not npy or json.gz")
+    if not isinstance(meta.get("shuffle"), bool):
+        report.problem(f"tokshuf.json: shuffle is {meta.get('shuffle')!r}, expected true or false")
+    tok = meta.get("tokenizer")
+    if not isinstance(tok, dict):
+        report.problem("tokshuf.json: tokenizer is not an object")
+    else:
+        need_int("vocab_size", 1, 2**32, where=tok, name="tokenizer.vocab_size")
+        if not isinstance(tok.get("spec"), str):
+            report.problem("tokshuf.json: tokenizer.spec is not a string")
+    if len(report.problems) > bad:
+        return None
+    vocab = tok["vocab_size"]
+    for key in ("eot_id", "pad_id"):
+        need_int(key, 0, vocab - 1)
+    if meta.get("bos_id") is not None:
+        need_int("bos_id", 0, vocab - 1)
+    if meta["dtype"] == "uint16" and vocab > 1 << 16:
+        report.problem(f"tokshuf.json: dtype uint16 cannot hold a vocabulary of {vocab}")
+    if meta["num_tokens"] + meta["num_padding_tokens"] != meta["num_contexts"] * meta["seqlen"]:
+        report.problem(
+            f"tokshuf.json: num_tokens {meta['num_tokens']} + num_padding_tokens {meta['num_padding_tokens']} "
+            f"!= num_contexts {meta['num_contexts']} x seqlen {meta['seqlen']}"
+        )
+    sizes = meta.get("chunk_sizes")
+    if sizes is not None and not (
+        isinstance(sizes, list) and len(sizes) == meta["num_chunks"] and all(_is_int(s) for s in sizes)
+    ):
+        report.problem("tokshuf.json: chunk_sizes is not a list of num_chunks integers")
+    return meta if len(report.problems) == bad else None
+
+
+# ------------------------------------------------------------------------------------------------
+# manifest.jsonl
+
+
+def _check_manifest(root: Path, meta: Dict[str, Any], report: VerifyReport) -> Optional[List[Dict[str, Any]]]:
+    p = root / "manifest.jsonl"
+    try:
+        size = p.stat().st_size
+        limit = (meta["num_chunks"] + 1) * 4096  # a line is ~150 bytes; do not load a crafted giant
+        if size > limit:
+            report.problem(f"manifest.jsonl: {size} bytes, far more than {meta['num_chunks']} lines need")
+            return None
+        data = p.read_bytes()
+    except OSError as e:
+        report.problem(f"manifest.jsonl: {'missing' if isinstance(e, FileNotFoundError) else e}")
+        return None
+    if data and not data.endswith(b"\n"):
+        report.problem("manifest.jsonl: last line has no newline (truncated?)")
+    bad = len(report.problems)
+    lines: List[Dict[str, Any]] = []
+    for k, raw in enumerate(data.splitlines()):
+        where = f"manifest.jsonl:{k + 1}"
+        try:
+            line = json.loads(raw)
+        except ValueError as e:
+            report.problem(f"{where}: not JSON ({e})")
+            continue
+        if not isinstance(line, dict):
+            report.problem(f"{where}: not a JSON object")
+            continue
+        shard = line.get("shard")
+        if not isinstance(shard, str) or not SHARD_RE.fullmatch(shard):
+            # Never used as a path: '../x', '/abs', 'a/b' all end here.
+            report.problem(f"{where}: shard {shard!r} is not a name of the form shard_NNNNNNNN")
+            continue
+        if shard != f"shard_{k:08d}":
+            report.problem(f"{where}: shard {shard} out of order (expected shard_{k:08d})")
+        n = line.get("num_sequences")
+        if not _is_int(n) or not 1 <= n <= meta["chunk_size"]:
+            report.problem(f"{where}: num_sequences {n!r} is not in [1, chunk_size {meta['chunk_size']}]")
+            continue
+        t = line.get("num_tokens")
+        if t is not None and (not _is_int(t) or not 0 <= t <= n * meta["seqlen"]):
+            report.problem(f"{where}: num_tokens {t!r} is not in [0, {n} x {meta['seqlen']}]")
+        b = line.get("bytes")
+        if b is not None and (not _is_int(b) or b < 0):
+            report.problem(f"{where}: bytes {b!r} is not a non-negative integer")
+        h = line.get("sha256")
+        if h is not None and (not isinstance(h, str) or not SHA_RE.fullmatch(h)):
+            report.problem(f"{where}: sha256 {h!r} is not 64 lowercase hex digits")
+        lines.append(line)
+    if len(report.problems) > bad:
+        return None
+    if len(lines) != meta["num_chunks"]:
+        report.problem(f"manifest.jsonl: {len(lines)} shards, tokshuf.json says num_chunks {meta['num_chunks']}")
+    total = sum(m["num_sequences"] for m in lines)
+    if total != meta["num_contexts"]:
+        report.problem(f"manifest.jsonl: {total} contexts in all, tokshuf.json says num_contexts {meta['num_contexts']}")
+    if all("num_tokens" in m for m in lines):
+        tokens = sum(m["num_tokens"] for m in lines)
+        if tokens != meta["num_tokens"]:
+            report.problem(f"manifest.jsonl: {tokens} tokens in all, tokshuf.json says num_tokens {meta['num_tokens']}")
+    sizes = meta.get("chunk_sizes")
+    if sizes is not None:
+        for k, (m, s) in enumerate(zip(lines, sizes)):
+            if m["num_sequences"] != s:
+                report.problem(f"manifest.jsonl:{k + 1}: num_sequences {m['num_sequences']}, chunk_sizes says {s}")
+    elif meta["shuffle"]:
+        # Shuffled chunks are cut from one global order: only the last may be short.
+        for k, m in enumerate(lines[:-1]):
+            if m["num_sequences"] != meta["chunk_size"]:
+                report.problem(f"manifest.jsonl:{k + 1}: num_sequences {m['num_sequences']} != chunk_size (not the last chunk)")
+    return lines if len(report.problems) == bad else None
+
+
+def _check_folder(root: Path, manifest: List[Dict[str, Any]], report: VerifyReport) -> None:
+    known = {"tokshuf.json", "manifest.jsonl"} | {m["shard"] + ".tar" for m in manifest}
+    extra = sorted(n for n in os.listdir(root) if n not in known)
+    if extra:
+        shown = ", ".join(extra[:5]) + (", ..." if len(extra) > 5 else "")
+        report.warnings.append(f"{len(extra)} other entr{'ies' if len(extra) != 1 else 'y'} in the folder: {shown}")
+
+
+# ------------------------------------------------------------------------------------------------
+# Shards
+
+
+def _parse_octal(field_: bytes) -> Optional[int]:
+    text = field_.split(b"\0", 1)[0].strip(b" ")
+    if not text or any(c not in b"01234567" for c in text):
+        return None
+    return int(text, 8)
+
+
+def _check_tar_header(block: bytes, name: str) -> Optional[str]:
+    """None if `block` is a plain ustar header of a regular file `name`, else what is wrong."""
+    if block[257:263] != b"ustar\0" or block[263:265] != b"00":
+        return "not a POSIX ustar header"
+    got = block[:100].split(b"\0", 1)[0]
+    prefix = block[345:500].strip(b"\0")
+    if got != name.encode() or prefix:
+        shown = (prefix + b"/" if prefix else b"") + got
+        return f"member name {shown[:60]!r}, expected {name}"
+    if block[156:157] not in (b"0", b"\0"):
+        return f"member type {block[156:157]!r} is not a regular file (links and PAX/GNU records are not allowed)"
+    stored = _parse_octal(block[148:156])
+    computed = sum(block[:148]) + 8 * 32 + sum(block[156:])
+    if stored != computed:
+        return f"header checksum {stored} != {computed}"
+    if _parse_octal(block[124:136]) is None:
+        return "size field is not octal"
+    return None
+
+
+def _check_shard(root: Path, meta: Dict[str, Any], k: int, line: Dict[str, Any], full: bool,
+                 header: Dict[str, bytes], report: VerifyReport) -> None:
+    name = f"{line['shard']}.tar"
+    p = root / name
+    try:
+        st = os.stat(p)
+    except OSError as e:
+        report.problem(f"{name}: {'missing' if isinstance(e, FileNotFoundError) else e}")
+        return
+    if not stat.S_ISREG(st.st_mode):
+        report.problem(f"{name}: not a regular file")
+        return
+    size = st.st_size
+    if "bytes" in line and size != line["bytes"]:
+        what = "truncated" if size < line["bytes"] else "longer than written"
+        report.problem(f"{name}: {size} bytes, manifest says {line['bytes']} ({what})")
+        return
+    report.num_shards += 1
+    report.num_bytes += size
+    try:
+        with open(p, "rb") as f:
+            if meta["format"] == "npy":
+                ok = _check_npy_shard(f, name, size, meta, k, line["num_sequences"], header, report)
+            else:
+                ok = _check_json_shard(f, name, size, meta, k, line["num_sequences"], report)
+    except OSError as e:
+        report.problem(f"{name}: cannot read ({e})")
+        return
+    if ok:
+        report.num_contexts += line["num_sequences"]
+    if full:
+        if "sha256" not in line:
+            report.warnings.append(f"{name}: the manifest has no sha256 to compare with")
+        else:
+            h = hashlib.sha256()
+            with open(p, "rb") as f:
+                for block in iter(lambda: f.read(8 << 20), b""):
+                    h.update(block)
+            if h.hexdigest() != line["sha256"]:
+                report.problem(f"{name}: sha256 {h.hexdigest()[:16]}... differs from the manifest's {line['sha256'][:16]}...")
+
+
+def _npy_header(data: bytes, meta: Dict[str, Any]) -> Tuple[Optional[int], str]:
+    """(header length, '') for a NumPy 1.0 header of a 1-D array of seqlen ids, else (None, why)."""
+    if data[:8] != b"\x93NUMPY\x01\x00":
+        return None, "npy magic/version is not NumPy format 1.0"
+    hlen = 10 + int.from_bytes(data[8:10], "little")
+    try:
+        f = io.BytesIO(data[:hlen])
+        np.lib.format.read_magic(f)
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+    except Exception as e:  # noqa: BLE001 - numpy parses the dict with ast (SyntaxError etc.)
+        return None, f"npy header unreadable ({type(e).__name__}: {e})"
+    want = DTYPES[meta["dtype"]]
+    if shape != (meta["seqlen"],) or fortran or dtype != want:
+        return None, f"npy header says shape {shape} dtype {dtype}, expected ({meta['seqlen']},) {want}"
+    return hlen, ""
+
+
+def _check_npy_shard(f, name: str, size: int, meta: Dict[str, Any], k: int, n: int,
+                     header: Dict[str, bytes], report: VerifyReport) -> bool:
+    seqlen, dtype, vocab = meta["seqlen"], DTYPES[meta["dtype"]], meta["tokenizer"]["vocab_size"]
+    first = f.read(TAR_BLOCK + 1024)
+    if len(first) < TAR_BLOCK + 10:
+        report.problem(f"{name}: {size} bytes, too short for one member")
+        return False
+    problem = _check_tar_header(first[:TAR_BLOCK], f"{k:08d}_{0:08d}.npy")
+    if problem:
+        report.problem(f"{name}: member 0: {problem}")
+        return False
+    hlen, why = _npy_header(first[TAR_BLOCK:], meta)
+    if hlen is None:
+        report.problem(f"{name}: member 0: {why}")
+        return False
+    npy = first[TAR_BLOCK:TAR_BLOCK + hlen]
+    if header.setdefault("npy", npy) != npy:
+        report.problem(f"{name}: npy header differs from the first shard's")
+        return False
+    payload = hlen + seqlen * dtype.itemsize
+    stride = TAR_BLOCK + -(-payload // TAR_BLOCK) * TAR_BLOCK
+    if _parse_octal(first[124:136]) != payload:
+        report.problem(f"{name}: member 0: tar size {_parse_octal(first[124:136])}, expected {payload}")
+        return False
+    expected = n * stride + 2 * TAR_BLOCK
+    if size != expected:
+        report.problem(f"{name}: {size} bytes, {n} members of {stride} bytes make {expected}")
+        return False
+    mm = np.memmap(f, dtype=np.uint8, mode="r", shape=(size,))
+    try:
+        if mm[n * stride:].any():
+            report.problem(f"{name}: the tar trailer (two zero blocks) is not zero")
+            return False
+        rows = mm[: n * stride].reshape(n, stride)
+        tar0 = np.frombuffer(first[:TAR_BLOCK], dtype=np.uint8)
+        npy0 = np.frombuffer(npy, dtype=np.uint8)
+        fixed = np.r_[100:148, 156:TAR_BLOCK]  # everything but the name and the checksum
+        for start in range(0, n, ROWS_PER_BLOCK):
+            block = rows[start:start + ROWS_PER_BLOCK]
+            m = len(block)
+            heads = np.asarray(block[:, :TAR_BLOCK])
+            bad = np.flatnonzero((heads[:, fixed] != tar0[fixed]).any(axis=1))
+            if bad.size:
+                report.problem(f"{name}: member {start + bad[0]}: tar header differs from member 0's (size, mode, type...)")
+                return False
+            names = np.frombuffer(
+                b"".join(f"{k:08d}_{i:08d}.npy".encode().ljust(100, b"\0") for i in range(start, start + m)),
+                dtype=np.uint8,
+            ).reshape(m, 100)
+            bad = np.flatnonzero((heads[:, :100] != names).any(axis=1))
+            if bad.size:
+                got = bytes(heads[bad[0], :100]).split(b"\0", 1)[0]
+                report.problem(f"{name}: member {start + bad[0]}: name {got[:40]!r}, expected {k:08d}_{start + bad[0]:08d}.npy")
+                return False
+            computed = heads[:, :148].sum(axis=1, dtype=np.int64) + heads[:, 156:].sum(axis=1, dtype=np.int64) + 8 * 32
+            for i in range(m):
+                if _parse_octal(bytes(heads[i, 148:156])) != computed[i]:
+                    report.problem(f"{name}: member {start + i}: tar header checksum is wrong")
+                    return False
+            bad = np.flatnonzero((block[:, TAR_BLOCK:TAR_BLOCK + hlen] != npy0).any(axis=1))
+            if bad.size:
+                report.problem(f"{name}: member {start + bad[0]}: npy header differs from member 0's")
+                return False
+            if np.asarray(block[:, TAR_BLOCK + payload:]).any():
+                i = int(np.flatnonzero(np.asarray(block[:, TAR_BLOCK + payload:]).any(axis=1))[0])
+                report.problem(f"{name}: member {start + i}: padding after the ids is not zero")
+                return False
+            ids = block[:, TAR_BLOCK + hlen:TAR_BLOCK + payload].view(dtype)
+            top = ids.max(axis=1)
+            bad = np.flatnonzero(top >= vocab)
+            if bad.size:
+                i = int(bad[0])
+                report.problem(f"{name}: member {start + i}: id {int(top[i])} >= vocab size {vocab}")
+                return False
+    finally:
+        del mm
+    return True
+
+
+def _id_list(text: bytes) -> Optional[np.ndarray]:
+    """The non-negative integers of a JSON list like ``[1,2,3]``, or None for anything else.
+
+    The text is checked to be digits separated by single commas (whitespace allowed between
+    tokens), then read by NumPy's C parser: several times faster than json.loads plus a type
+    check per element. A number too long for int64 saturates (strtoll), so it is >= vocab."""
+    if len(text) < 2 or text[:1] != b"[" or text[-1:] != b"]":
+        return None
+    inner = text[1:-1]
+    if inner.translate(None, b"0123456789,"):
+        if inner.translate(None, b"0123456789, \t\r\n") or _SPACED_DIGITS.search(inner):
+            return None
+        inner = inner.translate(None, b" \t\r\n")
+    if not inner or inner[:1] == b"," or inner[-1:] == b"," or b",," in inner:
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        try:
+            ids = np.fromstring(inner, dtype=np.int64, sep=",")
+        except (ValueError, DeprecationWarning):
+            return None
+    return ids if len(ids) == inner.count(b",") + 1 else None
+
+
+def _check_json_shard(f, name: str, size: int, meta: Dict[str, Any], k: int, n: int, report: VerifyReport) -> bool:
+    seqlen, vocab = meta["seqlen"], meta["tokenizer"]["vocab_size"]
+    # "[" + ids of at most 10 digits + commas + "]": anything longer is not ours (or a gzip bomb).
+    max_json = 2 + seqlen * 11
+    pos = 0
+    for i in range(n):
+        block = f.read(TAR_BLOCK)
+        if len(block) < TAR_BLOCK:
+            report.problem(f"{name}: ends inside member {i} of {n} (truncated)")
+            return False
+        problem = _check_tar_header(block, f"{k:08d}_{i:08d}.json.gz")
+        if problem:
+            report.problem(f"{name}: member {i}: {problem}")
+            return False
+        length = _parse_octal(block[124:136]) or 0
+        padded = -(-length // TAR_BLOCK) * TAR_BLOCK
+        if pos + TAR_BLOCK + padded > size:
+            report.problem(f"{name}: member {i}: size {length} runs past the end of the file")
+            return False
+        data = f.read(padded)
+        pos += TAR_BLOCK + padded
+        if any(data[length:]):
+            report.problem(f"{name}: member {i}: padding after the data is not zero")
+            return False
+        try:
+            d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            text = d.decompress(data[:length], max_json + 1)
+            if len(text) > max_json or not d.eof or d.unused_data:
+                raise ValueError("not a single gzip stream of one short JSON list")
+        except (zlib.error, ValueError) as e:
+            report.problem(f"{name}: member {i}: {e}")
+            return False
+        ids = _id_list(text)
+        if ids is None or len(ids) != seqlen or ids.max() >= vocab:
+            report.problem(f"{name}: member {i}: not a JSON list of {seqlen} ids in [0, {vocab})")
+            return False
+    trailer = f.read(2 * TAR_BLOCK + 1)
+    if trailer != bytes(2 * TAR_BLOCK):
+        report.problem(f"{name}: does not end with exactly two zero blocks after member {n - 1}")
+        return False
+    return True
