@@ -266,12 +266,14 @@ def _check_linear(spec: str, n: int, reps: int):
     assert not slow, f"{spec}: time({GROWTH}n)/time(n) = {slow}"
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("spec", ALL_SPECS, ids=spec_id)
 def test_worst_cases_grow_linearly(spec):
     _check_linear(spec, 16_384, reps=3)
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 @pytest.mark.parametrize("spec", ALL_SPECS, ids=spec_id)
 def test_one_megabyte_worst_cases_grow_linearly(spec):
     _check_linear(spec, 65_536, reps=2)
