@@ -8,6 +8,8 @@ from ._cache import Cache
 from ._core import Tokenizer, __version__
 from ._reader import Reader, shift_targets
 from .exceptions import (
+    BuildNotRunningError,
+    FollowTimeoutError,
     CacheCorruptError,
     ConfigError,
     DiskFullError,
@@ -40,4 +42,6 @@ __all__ = [
     "CacheCorruptError",
     "OutputExistsError",
     "StateMismatchError",
+    "BuildNotRunningError",
+    "FollowTimeoutError",
 ]
