@@ -9,6 +9,8 @@ from ._core import Tokenizer, __version__
 from ._reader import Reader, shift_targets
 from ._verify import VerifyReport, verify
 from .exceptions import (
+    BuildNotRunningError,
+    FollowTimeoutError,
     CacheCorruptError,
     ConfigError,
     DiskFullError,
@@ -45,4 +47,6 @@ __all__ = [
     "CacheCorruptError",
     "OutputExistsError",
     "StateMismatchError",
+    "BuildNotRunningError",
+    "FollowTimeoutError",
 ]

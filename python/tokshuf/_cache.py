@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, Iterable, List, Union
+from typing import Any, Dict, Iterable, List, Optional, Union
 
 import numpy as np
 
@@ -28,20 +28,47 @@ class Cache:
 
     ``len(cache)`` is the number of contexts; ``cache[i]`` is context ``i`` in manifest order
     (a 1-D array of the cache's dtype), ``cache[i:j]`` and :meth:`get_batch` give 2-D arrays.
+
+    ``follow=True`` opens a cache whose build is still running (docs/resume-and-follow.md):
+    opening waits for ``tokshuf.json`` (and, for a shuffled build, for its chunk plan); ``len``,
+    ``chunk_sizes`` and ``num_chunks`` wait for the plan; reads wait for their shards. Each wait
+    gives up after ``timeout`` seconds (None: no limit) with :class:`tokshuf.FollowTimeoutError`,
+    and at once with :class:`tokshuf.BuildNotRunningError` when no build is running and the cache
+    is not complete. On a complete cache ``follow=True`` changes nothing.
     """
 
-    def __init__(self, path: PathLike, *, check_files: bool = True) -> None:
+    def __init__(self, path: PathLike, *, check_files: bool = True, follow: bool = False,
+                 timeout: Optional[float] = None) -> None:
         self._path = os.fspath(path)
         self._check_files = bool(check_files)
-        self._inner = _core.Cache(self._path, self._check_files)
+        self._follow = bool(follow)
+        self._timeout = None if timeout is None else float(timeout)
+        self._inner = _core.Cache(self._path, self._check_files, self._follow, self._timeout)
         self._metadata: Dict[str, Any] = json.loads(self._inner.metadata_json)
 
     # Pickle by path: a DataLoader worker started with "spawn" reopens the cache.
     def __getstate__(self) -> Dict[str, Any]:
-        return {"path": self._path, "check_files": self._check_files}
+        return {"path": self._path, "check_files": self._check_files, "follow": self._follow,
+                "timeout": self._timeout}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
-        self.__init__(state["path"], check_files=state.get("check_files", True))  # type: ignore[misc]
+        self.__init__(state["path"], check_files=state.get("check_files", True),  # type: ignore[misc]
+                      follow=state.get("follow", False), timeout=state.get("timeout"))
+
+    @property
+    def following(self) -> bool:
+        """Opened with ``follow=True`` while the build was not complete."""
+        return bool(self._inner.following)
+
+    @property
+    def recipe_fingerprint(self) -> str:
+        """sha256 of the build recipe alone (known from the start of the build)."""
+        return str(self._inner.recipe_fingerprint)
+
+    def _state_fingerprints(self) -> List[str]:
+        """Cache fingerprints a reader state may carry: states saved while following the
+        build name its recipe (the manifest was not final yet)."""
+        return [self.fingerprint, self.recipe_fingerprint]
 
     @property
     def path(self) -> str:
@@ -85,7 +112,8 @@ class Cache:
 
     @property
     def fingerprint(self) -> str:
-        """sha256 of manifest.jsonl and the build recipe: names the cache's content."""
+        """sha256 of manifest.jsonl and the build recipe: names the cache's content
+        (:attr:`recipe_fingerprint` for a cache opened while its build was running)."""
         return str(self._inner.fingerprint)
 
     @property
@@ -96,6 +124,8 @@ class Cache:
         return len(self._inner)
 
     def __repr__(self) -> str:
+        if self.following:  # len() would wait for the plan
+            return f"Cache({self._path!r}, following a build, seqlen={self.seqlen})"
         return f"Cache({self._path!r}, contexts={len(self)}, seqlen={self.seqlen}, chunks={self.num_chunks})"
 
     def _make_reader_core(self, batch_size: int, rank: int, world_size: int, ideal_readers: int, seed: int,

@@ -48,6 +48,12 @@ class Reader:
     caches wrap around meanwhile (see :meth:`tokshuf.Blend.single_pass_length`).
     ``prefetch`` batches are read ahead on ``threads`` background threads, started on the first
     batch (never at construction) and restarted after a fork.
+
+    ``follow=True`` reads a cache while its build runs (see :class:`tokshuf.Cache`): the
+    batches are exactly those of the finished cache, each waiting until the shards (and, for a
+    ``shuffle=False`` build, the manifest lines or the plan) it needs exist, at most ``timeout``
+    seconds per wait. While the end of a single pass is not known, ``num_examples`` and
+    ``num_steps`` are None. States saved while following load on the finished cache.
     """
 
     def __init__(
@@ -66,6 +72,8 @@ class Reader:
         prefetch: int = 4,
         threads: Optional[int] = None,
         dtype: Union[str, np.dtype, type] = "int32",
+        follow: bool = False,
+        timeout: Optional[float] = None,
     ) -> None:
         self._batch_size = _int("batch_size", batch_size, 1)
         self._world_size = _int("world_size", world_size, 1)
@@ -81,7 +89,12 @@ class Reader:
         cpus = os.cpu_count() or 1
         self._threads = _int("threads", threads, 1) if threads is not None else max(1, min(4, self._prefetch, cpus))
         self._dtype = _dtype_name(dtype)
-        self._source = cache if isinstance(cache, (Cache, Blend)) else Cache(cache)
+        if follow and isinstance(cache, Blend):
+            raise ConfigError("follow=True reads one cache while it is built, not a blend")
+        if isinstance(cache, (Cache, Blend)):
+            self._source = cache
+        else:
+            self._source = Cache(cache, follow=bool(follow), timeout=timeout)
         if isinstance(self._source, Blend):
             if seed is not None and seed != self._source.seed:
                 raise ConfigError(f"seed={seed!r} differs from the blend's seed {self._source.seed}: "
@@ -161,9 +174,14 @@ class Reader:
     def __iter__(self) -> "Reader":
         return self
 
-    def __next__(self) -> np.ndarray:
+    def _has_batch(self, first: int) -> bool:
+        if self._core.end_pending:
+            return bool(self._core.has_batch(first))  # single pass following a build: may wait
         end = self._core.end
-        if end is not None and self._next >= end:
+        return end is None or first < end
+
+    def __next__(self) -> np.ndarray:
+        if not (self._pf is not None and self._core.end_pending) and not self._has_batch(self._next):
             self._close_prefetch()
             raise StopIteration
         if self._prefetch == 0:
@@ -195,11 +213,10 @@ class Reader:
         """Batches starting at examples ``first + k * every * batch_size`` for k < ``count``
         (None: until the end), read ahead on fresh threads; the position is not used or changed."""
         k = 0
-        end = self._core.end
         if self._prefetch == 0:
             while count is None or k < count:
                 at = first + k * every * self._batch_size
-                if end is not None and at >= end:
+                if not self._has_batch(at):
                     return
                 yield self._core.batch(at)
                 k += 1
@@ -255,8 +272,11 @@ class Reader:
     def fingerprint(self) -> str:
         """sha256 of the cache's (or blend's) fingerprint, the order definition and the order
         options."""
+        return self._fingerprint_with(self._source.fingerprint)
+
+    def _fingerprint_with(self, cache_fingerprint: str) -> str:
         h = hashlib.sha256()
-        h.update(self._source.fingerprint.encode())
+        h.update(cache_fingerprint.encode())
         h.update(b"\0" + self._core.source_description.encode() + b"\0")
         h.update(json.dumps(self._options(), sort_keys=True).encode())
         return h.hexdigest()
@@ -279,14 +299,16 @@ class Reader:
         (else :class:`tokshuf.StateMismatchError`); world_size and rank may differ."""
         if not isinstance(state, dict) or state.get("tokshuf_reader") != STATE_VERSION:
             raise StateMismatchError(f"not a tokshuf reader state (version {STATE_VERSION}): {state!r:.200}")
-        if state.get("cache") != self._source.fingerprint:
+        # A state saved while following the build names the cache by its recipe.
+        accepted = getattr(self._source, "_state_fingerprints", lambda: [self._source.fingerprint])()
+        if state.get("cache") not in accepted:
             raise StateMismatchError("state was saved for another cache or blend (or it changed): "
                                      f"{state.get('cache')!r:.20} != {self._source.fingerprint!r:.20}")
         theirs = state.get("options", {})
         diff = [f"{k} ({theirs.get(k)!r} -> {v!r})" for k, v in self._options().items() if theirs.get(k) != v]
         if diff:
             raise StateMismatchError("state was saved with other order options: " + ", ".join(diff))
-        if state.get("fingerprint") != self.fingerprint:
+        if state.get("fingerprint") != self._fingerprint_with(state["cache"]):
             raise StateMismatchError("state was saved with another order definition (tokshuf version?)")
         self.seek(example=_int("next_example", state.get("next_example"), 0))
 

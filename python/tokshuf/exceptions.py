@@ -51,7 +51,19 @@ class StateMismatchError(TokshufError, ValueError):
     """A reader state from another cache or other order options."""
 
 
+class BuildNotRunningError(TokshufError, RuntimeError):
+    """Follow mode: the cache is not complete and no build is running; resume the build by
+    running the same build command again."""
+
+
+class FollowTimeoutError(TokshufError, TimeoutError):
+    """Follow mode: what the reader waits for (the chunk plan, a shard, manifest lines) did not
+    appear within ``timeout`` seconds, though a build is running."""
+
+
 __all__ = [
+    "BuildNotRunningError",
+    "FollowTimeoutError",
     "TokshufError",
     "ConfigError",
     "InputError",

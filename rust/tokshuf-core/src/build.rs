@@ -126,8 +126,20 @@ pub fn build(opts: &BuildOptions, cancel: Arc<AtomicBool>) -> Result<Value> {
     let recipe = make_recipe(opts, &tok)?;
     let out = &opts.output;
     let work = resume::work_dir(out, opts.local_cell_dir.as_deref())?;
-    let start = resume::prepare(out, &work, &recipe, opts.overwrite)?;
+    // Held for the whole run: refuses a second build into the same folder, and tells a reader
+    // following this build whether it is still alive (see lock.rs).
+    let lock = crate::lock::BuildLock::acquire(out)?;
+    let start = match resume::prepare(out, &work, &recipe, opts.overwrite) {
+        Ok(s) => s,
+        Err(e) => {
+            if lock.created {
+                let _ = lock.remove(); // leave a refused folder as we found it
+            }
+            return Err(e);
+        }
+    };
     if let Start::Complete(meta) = start {
+        lock.remove()?;
         return Ok(meta);
     }
     resume::init_work(&work, &recipe)?;
@@ -184,6 +196,7 @@ pub fn build(opts: &BuildOptions, cancel: Arc<AtomicBool>) -> Result<Value> {
     let final_meta = run.write_meta("complete", stats)?;
     testhook::point("complete");
     resume::remove_work(&work)?;
+    lock.remove()?;
     Ok(final_meta)
 }
 

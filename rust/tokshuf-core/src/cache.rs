@@ -106,8 +106,13 @@ pub fn read_meta(root: &Path, complete_only: bool) -> Result<CacheMeta> {
     if chunk_size == 0 || chunk_size > u32::MAX as u64 {
         return Err(Error::corrupt(&path, format!("chunk_size {chunk_size} out of range")));
     }
-    let num_chunks = field_u64(&path, &raw, "num_chunks")?;
-    let num_contexts = field_u64(&path, &raw, "num_contexts")?;
+    // An unfinished build ("building", "streaming") has no chunk plan yet (follow mode).
+    let planned = status == "complete" || status == "writing";
+    if !planned && !matches!(status.as_str(), "building" | "streaming") {
+        return Err(Error::corrupt(&path, format!("unknown status {status:?}")));
+    }
+    let num_chunks = if planned { field_u64(&path, &raw, "num_chunks")? } else { 0 };
+    let num_contexts = if planned { field_u64(&path, &raw, "num_contexts")? } else { 0 };
     let shuffle = raw.get("shuffle").and_then(Value::as_bool).unwrap_or(true);
     let chunk_sizes = match raw.get("chunk_sizes") {
         None | Some(Value::Null) => None,
@@ -342,11 +347,21 @@ impl Id for i64 {
 pub struct Cache {
     pub root: PathBuf,
     pub meta: CacheMeta,
+    /// Every chunk, or (a cache following a streaming build, opened before its plan was
+    /// final: `final_plan` false) none: then `follow` knows the chunks seen so far.
     pub chunks: Vec<ChunkEntry>,
     /// Contexts before chunk c (len N + 1).
     pub cumulative: Vec<u64>,
-    /// Hex sha256 of manifest.jsonl and the recipe: names the cache's content.
+    /// Hex sha256 of manifest.jsonl and the recipe: names the cache's content. A cache opened
+    /// in follow mode before its build completed has no final manifest: it uses
+    /// `recipe_fingerprint` instead.
     pub fingerprint: String,
+    /// Hex sha256 of the recipe alone (what the build was asked to make).
+    pub recipe_fingerprint: String,
+    /// `chunks` holds the whole plan.
+    pub final_plan: bool,
+    /// Set when opened in follow mode on an unfinished build.
+    pub follow: Option<crate::follow::Follow>,
     stride: u64,
     npy_header: Vec<u8>,
     maps: PerProcess<Mutex<Maps>>,
@@ -389,26 +404,73 @@ impl Cache {
         if check_files {
             check_shards(root, &chunks, meta.format, stride)?;
         }
-        let mut cumulative = Vec::with_capacity(chunks.len() + 1);
-        cumulative.push(0u64);
-        for c in &chunks {
-            cumulative.push(cumulative.last().copied().unwrap_or(0) + c.size);
-        }
         let mut h = Sha256::new();
         h.update(b"tokshuf-cache-v1\0");
         h.update(&text);
         h.update(b"\0");
         h.update(serde_json::to_string(&meta.raw["recipe"]).unwrap_or_default().as_bytes());
         let fingerprint = crate::tokenizer::hex(&h.finalize());
-        Ok(Cache {
+        Ok(Cache::from_parts(root, meta, chunks, Some(fingerprint), None))
+    }
+
+    pub(crate) fn from_parts(
+        root: &Path,
+        meta: CacheMeta,
+        chunks: Vec<ChunkEntry>,
+        fingerprint: Option<String>,
+        follow: Option<crate::follow::Follow>,
+    ) -> Cache {
+        let mut cumulative = Vec::with_capacity(chunks.len() + 1);
+        cumulative.push(0u64);
+        for c in &chunks {
+            cumulative.push(cumulative.last().copied().unwrap_or(0) + c.size);
+        }
+        let recipe_fingerprint = recipe_fingerprint(&meta.raw);
+        let final_plan = follow.as_ref().is_none_or(|f| f.plan_final_at_open);
+        Cache {
             root: root.to_path_buf(),
             npy_header: shard::npy_header(meta.dtype, meta.seqlen),
+            stride: shard::npy_stride(meta.dtype, meta.seqlen),
             meta,
             chunks,
             cumulative,
-            fingerprint,
-            stride,
+            fingerprint: fingerprint.unwrap_or_else(|| recipe_fingerprint.clone()),
+            recipe_fingerprint,
+            final_plan,
+            follow,
             maps: PerProcess::new(),
+        }
+    }
+
+    /// Chunk `c`'s entry: from the plan, or (following a streaming build) the manifest lines
+    /// seen so far.
+    pub fn entry(&self, c: u64) -> Option<ChunkEntry> {
+        match self.chunks.get(c as usize) {
+            Some(e) => Some(*e),
+            None => self.follow.as_ref().and_then(|f| f.entry(c)),
+        }
+    }
+
+    /// Follow mode: wait until chunk `c`'s shard exists (and passes the size checks). At once
+    /// for a cache that was complete when opened.
+    pub fn wait_chunk(&self, c: u64, cancel: &std::sync::atomic::AtomicBool) -> Result<()> {
+        let Some(f) = &self.follow else { return Ok(()) };
+        if f.is_ready(c) {
+            return Ok(());
+        }
+        f.wait(cancel, &|| format!("shard {}", shard_path(&self.root, c).display()), &mut |f| {
+            if self.entry(c).is_none() {
+                f.refresh()?;
+            }
+            let Some(entry) = self.entry(c) else { return Ok(None) };
+            let path = shard_path(&self.root, c);
+            if !path.exists() {
+                return Ok(None);
+            }
+            // Shards appear by rename with their final bytes: one that exists must pass.
+            check_shard(&self.root, c, &entry, self.meta.format, self.stride)?;
+            f.set_ready(c);
+            Ok(Some(()))
         })
     }
 
@@ -425,6 +487,7 @@ impl Cache {
         self.chunks.iter().map(|c| c.size).collect()
     }
     /// R* when none is given: tokshuf.json `ideal_readers`, else min(64, number of chunks).
+    /// (Following a streaming build, see `Follow::default_ideal_readers`.)
     pub fn default_ideal_readers(&self) -> u64 {
         self.meta.ideal_readers.unwrap_or_else(|| (self.chunks.len() as u64).clamp(1, 64))
     }
@@ -459,8 +522,8 @@ impl Cache {
     }
 
     fn map_chunk(&self, c: u64) -> Result<Mapped> {
-        let entry = &self.chunks[c as usize];
         let path = shard_path(&self.root, c);
+        let entry = &self.entry(c).ok_or_else(|| Error::corrupt(&path, format!("chunk {c} is not in the cache's plan or manifest")))?;
         let f = File::open(&path).map_err(|e| Error::corrupt(&path, format!("cannot open shard: {e}")))?;
         let len = f.metadata().map_err(|e| Error::io(&path, e))?.len();
         // SAFETY: shards are immutable once renamed into place; a file truncated behind our back
@@ -558,6 +621,14 @@ impl Cache {
         }
         Ok(())
     }
+}
+
+/// Hex sha256 of tokshuf.json's recipe: what a build was asked to make (known from its start).
+pub fn recipe_fingerprint(raw: &Value) -> String {
+    let mut h = Sha256::new();
+    h.update(b"tokshuf-recipe-v1\0");
+    h.update(serde_json::to_string(&raw["recipe"]).unwrap_or_default().as_bytes());
+    crate::tokenizer::hex(&h.finalize())
 }
 
 /// Chunk number of a shard file name `shard_NNNNNNNN.tar` (as the builder writes it).

@@ -29,6 +29,12 @@ pub enum Error {
     /// The output folder holds something this build must not overwrite or resume.
     #[error("{0}")]
     OutputExists(String),
+    /// Follow mode: the cache is not complete and no build is running (it died or was stopped).
+    #[error("{0}")]
+    BuildNotRunning(String),
+    /// Follow mode: what the reader waits for did not appear within its timeout.
+    #[error("{0}")]
+    FollowTimeout(String),
     /// The caller asked to stop (Ctrl-C).
     #[error("interrupted")]
     Interrupted,
@@ -61,6 +67,8 @@ impl Error {
             Error::Tokenizer(_) => "TokenizerError",
             Error::Corrupt { .. } => "CacheCorruptError",
             Error::OutputExists(_) => "OutputExistsError",
+            Error::BuildNotRunning(_) => "BuildNotRunningError",
+            Error::FollowTimeout(_) => "FollowTimeoutError",
             Error::Interrupted => "KeyboardInterrupt",
         }
     }

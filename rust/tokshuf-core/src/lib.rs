@@ -18,6 +18,8 @@ pub mod build;
 pub mod error;
 pub mod hash;
 pub mod input;
+pub mod lock;
+pub mod follow;
 pub mod meta;
 pub mod order;
 pub mod progress;

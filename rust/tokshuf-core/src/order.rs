@@ -32,7 +32,10 @@
 //! stream whole chunks early in an epoch, and never exceeding N avoids streams that revisit the
 //! same chunks (which happens when R* > N, still correct).
 
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
+
+use crate::error::Result;
 
 use crate::hash::{self, Permutation};
 
@@ -52,8 +55,33 @@ pub trait Source: Send + Sync {
     fn locate(&self, i: u64) -> Loc;
     /// Number of examples of a finite source; `None` for an endless one.
     fn num_examples(&self) -> Option<u64>;
-    /// A string that changes whenever the sequence could change (mixed into state fingerprints).
+    /// A string that changes whenever the sequence could change (mixed into state fingerprints;
+    /// the chunk sizes are the cache fingerprint's part).
     fn describe(&self) -> String;
+    /// `locate`, for sources that may have to wait for a running build (follow mode).
+    fn locate_wait(&self, i: u64, _cancel: &AtomicBool) -> Result<Loc> {
+        Ok(self.locate(i))
+    }
+    /// A finite source whose length is not known yet (a single pass following a build).
+    fn len_pending(&self) -> bool {
+        false
+    }
+    /// Wait until the source is known to hold at least `n` examples (`None`, also for an
+    /// endless source) or its length is known (`Some(len)`).
+    fn wait_len(&self, _n: u64, _cancel: &AtomicBool) -> Result<Option<u64>> {
+        Ok(self.num_examples())
+    }
+}
+
+/// `Source::describe` of a cache's order: the options that define it (N and the chunk sizes
+/// are left to the cache fingerprint, so that a reader following a build describes its order
+/// before N is known exactly as a reader of the finished cache does).
+pub fn describe(chunk_size: u64, opts: OrderOptions, single_pass: bool) -> String {
+    if single_pass {
+        "single-pass-v1".into()
+    } else {
+        format!("order-v1 r*={} seed={} reshuffle={} cs={chunk_size}", opts.ideal_readers, opts.seed, opts.reshuffle)
+    }
 }
 
 /// Options that, with the chunk sizes, define the order (all part of a reader's fingerprint).
@@ -152,10 +180,7 @@ impl Order {
         for e in &table {
             deficit_prefix.push(deficit_prefix.last().copied().unwrap_or(0) + (chunk_size - e.size));
         }
-        let fingerprint = format!(
-            "order-v1 r*={r_star} seed={} reshuffle={} n={n} cs={chunk_size}",
-            opts.seed, opts.reshuffle
-        );
+        let fingerprint = describe(chunk_size, opts, false);
         Order {
             n,
             cs: chunk_size,

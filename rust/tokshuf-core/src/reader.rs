@@ -59,6 +59,21 @@ pub struct BatchSpec {
     pub dtype: OutDtype,
     /// Batches start at `first < end` (for a finite source; `drop_last` lowers it).
     pub end: Option<u64>,
+    /// A finite source whose length is not known yet (single pass following a build): the
+    /// end is found by `has_batch_wait`.
+    pub end_pending: bool,
+    pub drop_last: bool,
+}
+
+/// A cancel flag nobody sets.
+static NEVER: AtomicBool = AtomicBool::new(false);
+
+fn end_of(n: u64, batch_size: u64, drop_last: bool) -> u64 {
+    if drop_last {
+        n.saturating_sub(batch_size) + u64::from(n >= batch_size)
+    } else {
+        n
+    }
 }
 
 /// Largest example index accepted: keeps every position computation inside u64.
@@ -81,7 +96,7 @@ impl BatchSpec {
         if caches.iter().any(|c| c.seqlen() != seqlen) {
             return Err(Error::Config("all caches of a reader must have the same seqlen".into()));
         }
-        if let Some(c) = caches.iter().find(|c| c.is_empty()) {
+        if let Some(c) = caches.iter().find(|c| c.is_empty() && c.final_plan) {
             return Err(Error::Config(format!("{}: cache holds no contexts", c.root.display())));
         }
         if world_size == 0 || rank >= world_size {
@@ -93,8 +108,26 @@ impl BatchSpec {
         if dtype == OutDtype::U16 && caches.iter().any(|c| c.meta.dtype == crate::meta::Dtype::Uint32) {
             return Err(Error::Config("dtype uint16 cannot hold the ids of a uint32 cache".into()));
         }
-        let end = source.num_examples().map(|n| if drop_last { n.saturating_sub(batch_size) + u64::from(n >= batch_size) } else { n });
-        Ok(BatchSpec { caches, source, batch_size, rank, world_size, seqlen, dtype, end })
+        let end = source.num_examples().map(|n| end_of(n, batch_size, drop_last));
+        let end_pending = source.len_pending();
+        Ok(BatchSpec { caches, source, batch_size, rank, world_size, seqlen, dtype, end, end_pending, drop_last })
+    }
+
+    /// Does any cache follow a running build (so reads may wait)?
+    pub fn follows(&self) -> bool {
+        self.caches.iter().any(|c| c.follow.is_some())
+    }
+
+    /// `has_batch`, finding the end of a single pass that follows a build (may wait).
+    pub fn has_batch_wait(&self, first: u64, cancel: &AtomicBool) -> Result<bool> {
+        if !self.end_pending {
+            return Ok(self.has_batch(first));
+        }
+        let need = if self.drop_last { first.saturating_add(self.batch_size) } else { first.saturating_add(1) };
+        Ok(match self.source.wait_len(need, cancel)? {
+            None => true,
+            Some(n) => first < end_of(n, self.batch_size, self.drop_last),
+        })
     }
 
     /// Does a batch start at `first`?
@@ -102,10 +135,9 @@ impl BatchSpec {
         self.end.is_none_or(|e| first < e)
     }
 
-    /// Example indices of this rank's slice of the batch starting at `first`.
-    pub fn examples(&self, first: u64) -> impl Iterator<Item = u64> + '_ {
+    /// Example indices of this rank's slice of the batch starting at `first`, below `stop`.
+    fn examples(&self, first: u64, stop: u64) -> impl Iterator<Item = u64> + '_ {
         let per_rank = self.batch_size / self.world_size;
-        let stop = self.source.num_examples().map_or(u64::MAX, |n| n.min(first.saturating_add(self.batch_size)));
         (0..per_rank).map(move |j| first + self.rank + j * self.world_size).take_while(move |&i| i < stop)
     }
 
@@ -121,8 +153,34 @@ impl BatchSpec {
 
     /// Assemble this rank's slice of the batch starting at example `first`.
     pub fn assemble(&self, first: u64) -> Result<(usize, Batch)> {
+        self.assemble_wait(first, &NEVER)
+    }
+
+    /// `assemble`, waiting (follow mode) for the chunks it needs; `cancel` stops the wait.
+    pub fn assemble_wait(&self, first: u64, cancel: &AtomicBool) -> Result<(usize, Batch)> {
         self.check(first)?;
-        let locs: Vec<Loc> = self.examples(first).map(|i| self.source.locate(i)).collect();
+        let full = first.saturating_add(self.batch_size);
+        let stop = match self.source.wait_len(full, cancel)? {
+            Some(n) => {
+                if first >= end_of(n, self.batch_size, self.drop_last) {
+                    return Err(Error::Config(format!("no batch starts at example {first}: the single pass has ended")));
+                }
+                n.min(full)
+            }
+            None => full,
+        };
+        let locs: Vec<Loc> = self.examples(first, stop).map(|i| self.source.locate_wait(i, cancel)).collect::<Result<_>>()?;
+        if self.follows() {
+            let mut last = None;
+            for l in &locs {
+                if last != Some((l.component, l.chunk)) {
+                    last = Some((l.component, l.chunk));
+                    if let Some(c) = self.caches.get(l.component) {
+                        c.wait_chunk(l.chunk, cancel)?;
+                    }
+                }
+            }
+        }
         let rows = locs.len();
         let batch = match self.dtype {
             OutDtype::U16 => Batch::U16(self.fill(&locs)?),
@@ -184,10 +242,11 @@ impl Prefetcher {
                     let mut k = w as u64;
                     while !stop.load(Ordering::Relaxed) {
                         let Some(at) = k.checked_mul(every).and_then(|x| x.checked_mul(spec.batch_size)).and_then(|x| x.checked_add(first)) else { break };
-                        if !spec.has_batch(at) {
-                            break;
-                        }
-                        let r = spec.assemble(at).map(|(rows, b)| (at, rows, b));
+                        let r = match spec.has_batch_wait(at, &stop) {
+                            Ok(false) => break,
+                            Ok(true) => spec.assemble_wait(at, &stop).map(|(rows, b)| (at, rows, b)),
+                            Err(e) => Err(e),
+                        };
                         let failed = r.is_err();
                         if tx.send(r).is_err() || failed {
                             break;

@@ -81,6 +81,7 @@ pub fn is_ours(name: &str) -> bool {
         || (name.starts_with("shard_") && (name.ends_with(".tar") || name.ends_with(".tar.tmp")))
         || name == "tokshuf.json.tmp"
         || name == "manifest.jsonl.tmp"
+        || name == crate::lock::LOCK_NAME
 }
 
 fn is_data(name: &str) -> bool {
@@ -192,7 +193,8 @@ fn changed_inputs(w: &WorkState) -> Result<Vec<String>> {
 
 /// Remove everything a build wrote (only our names: `prepare` refused foreign files).
 fn clear(output: &Path, work: &Path, entries: &[String]) -> Result<()> {
-    for name in entries {
+    // The lock file is the running build's own: removing it would let a second build in.
+    for name in entries.iter().filter(|n| *n != crate::lock::LOCK_NAME) {
         remove_tree(&output.join(name))?;
     }
     remove_tree(work)

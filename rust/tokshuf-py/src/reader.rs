@@ -49,11 +49,29 @@ pub struct PyCache {
 
 #[pymethods]
 impl PyCache {
+    /// `follow`: open a cache whose build is still running (waits for what it needs, at most
+    /// `timeout` seconds per wait; see tokshuf_core::follow).
     #[new]
-    #[pyo3(signature = (path, check_files=true))]
-    fn new(py: Python<'_>, path: PathBuf, check_files: bool) -> PyResult<Self> {
-        let inner = run_detached(py, move |_| Cache::open_with(&path, check_files))?;
+    #[pyo3(signature = (path, check_files=true, follow=false, timeout=None))]
+    fn new(py: Python<'_>, path: PathBuf, check_files: bool, follow: bool, timeout: Option<f64>) -> PyResult<Self> {
+        let timeout = follow_timeout(py, timeout)?;
+        let inner = run_detached(py, move |cancel| {
+            if follow {
+                tokshuf_core::follow::open(&path, check_files, timeout, &cancel)
+            } else {
+                Cache::open_with(&path, check_files)
+            }
+        })?;
         Ok(PyCache { inner: Arc::new(inner) })
+    }
+    /// Opened in follow mode on a build that was not complete yet.
+    #[getter]
+    fn following(&self) -> bool {
+        self.inner.follow.is_some()
+    }
+    #[getter]
+    fn recipe_fingerprint(&self) -> &str {
+        &self.inner.recipe_fingerprint
     }
     #[getter]
     fn path(&self) -> PathBuf {
@@ -89,21 +107,31 @@ impl PyCache {
     fn chunk_size(&self) -> u64 {
         self.inner.meta.chunk_size
     }
+    /// (Following a build: waits for the chunk plan.)
     #[getter]
-    fn chunk_sizes(&self) -> Vec<u64> {
-        self.inner.sizes()
+    fn chunk_sizes(&self, py: Python<'_>) -> PyResult<Vec<u64>> {
+        final_sizes(py, &self.inner)
     }
+    /// (Following a streaming build: waits for the plan or 64 chunks.)
     #[getter]
-    fn default_ideal_readers(&self) -> u64 {
-        self.inner.default_ideal_readers()
+    fn default_ideal_readers(&self, py: Python<'_>) -> PyResult<u64> {
+        let c = self.inner.clone();
+        match (&c.follow, c.final_plan, c.meta.ideal_readers) {
+            (Some(_), false, None) => run_detached(py, move |cancel| c.follow.as_ref().map_or(Ok(1), |f| f.default_ideal_readers(&cancel))),
+            _ => Ok(c.default_ideal_readers()),
+        }
     }
-    fn __len__(&self) -> usize {
-        self.inner.len() as usize
+    /// (Following a build: waits for the chunk plan.)
+    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(final_sizes(py, &self.inner)?.iter().sum::<u64>() as usize)
     }
     /// Contexts by global index (manifest order) as a `(len(indices), seqlen)` array.
     fn get<'py>(&self, py: Python<'py>, indices: Vec<u64>, dtype: &str) -> PyResult<Bound<'py, PyAny>> {
         let dt = out_dtype(py, dtype)?;
         let cache = self.inner.clone();
+        if cache.follow.is_some() {
+            return self.get_following(py, indices, dt);
+        }
         let n = cache.len();
         if let Some(bad) = indices.iter().find(|&&i| i >= n) {
             return Err(pyo3::exceptions::PyIndexError::new_err(format!("context {bad} out of range (cache holds {n})")));
@@ -127,6 +155,58 @@ impl PyCache {
             .map_err(|e| to_pyerr(py, e))?;
         to_numpy(py, rows, seqlen, batch)
     }
+}
+
+impl PyCache {
+    /// `get` on a cache following a build: waits for the plan, then for each shard read.
+    fn get_following<'py>(&self, py: Python<'py>, indices: Vec<u64>, dt: OutDtype) -> PyResult<Bound<'py, PyAny>> {
+        let sizes = final_sizes(py, &self.inner)?;
+        let n: u64 = sizes.iter().sum();
+        if let Some(bad) = indices.iter().find(|&&i| i >= n) {
+            return Err(pyo3::exceptions::PyIndexError::new_err(format!("context {bad} out of range (cache holds {n})")));
+        }
+        let source = Arc::new(tokshuf_core::order::SinglePass::new(&sizes));
+        let spec = BatchSpec::new(vec![self.inner.clone()], source, 1, 0, 1, dt, false).map_err(|e| to_pyerr(py, e))?;
+        let rows = indices.len();
+        let seqlen = self.inner.seqlen();
+        let batch = run_detached(py, move |cancel| {
+            let mut parts = Vec::with_capacity(indices.len());
+            for &i in &indices {
+                parts.push(spec.assemble_wait(i, &cancel)?.1);
+            }
+            Ok(concat(parts))
+        })?;
+        to_numpy(py, rows, seqlen, batch)
+    }
+}
+
+fn concat(parts: Vec<Batch>) -> Batch {
+    fn cat<T: Clone>(parts: impl Iterator<Item = Vec<T>>) -> Vec<T> {
+        parts.flatten().collect()
+    }
+    match parts.first() {
+        Some(Batch::U16(_)) => Batch::U16(cat(parts.into_iter().filter_map(|b| if let Batch::U16(v) = b { Some(v) } else { None }))),
+        Some(Batch::U32(_)) => Batch::U32(cat(parts.into_iter().filter_map(|b| if let Batch::U32(v) = b { Some(v) } else { None }))),
+        Some(Batch::I64(_)) => Batch::I64(cat(parts.into_iter().filter_map(|b| if let Batch::I64(v) = b { Some(v) } else { None }))),
+        _ => Batch::I32(cat(parts.into_iter().filter_map(|b| if let Batch::I32(v) = b { Some(v) } else { None }))),
+    }
+}
+
+fn follow_timeout(py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<Duration>> {
+    match timeout {
+        None => Ok(None),
+        Some(t) if t.is_finite() && t >= 0.0 => Ok(Some(Duration::from_secs_f64(t))),
+        Some(t) => Err(to_pyerr(py, Error::Config(format!("timeout={t}: expected a number of seconds >= 0 or None")))),
+    }
+}
+
+/// Chunk sizes of the whole cache (following a build: waits for the plan).
+fn final_sizes(py: Python<'_>, c: &Arc<Cache>) -> PyResult<Vec<u64>> {
+    if c.final_plan {
+        return Ok(c.sizes());
+    }
+    let c = c.clone();
+    run_detached(py, move |cancel| c.follow.as_ref().map_or(Ok(Vec::new()), |f| f.wait_plan(&cancel)))
 }
 
 /// One rank's batches over an example source. Stateless: batches are addressed by their first
@@ -174,21 +254,41 @@ impl ReaderCore {
         dtype: &str,
     ) -> PyResult<Self> {
         let c = cache.inner.clone();
-        if c.is_empty() {
+        if c.is_empty() && c.final_plan {
             return Err(to_pyerr(py, Error::Config(format!("{}: cache holds no contexts", c.root.display()))));
         }
         if ideal_readers == 0 {
             return Err(to_pyerr(py, Error::Config("ideal_readers must be positive".into())));
         }
-        let source = cache_source(&c.sizes(), c.meta.chunk_size, OrderOptions { ideal_readers, seed, reshuffle }, single_pass);
+        let opts = OrderOptions { ideal_readers, seed, reshuffle };
+        let source: Arc<dyn Source> = if c.final_plan {
+            cache_source(&c.sizes(), c.meta.chunk_size, opts, single_pass)
+        } else {
+            Arc::new(tokshuf_core::follow::FollowSource::new(c.clone(), opts, single_pass))
+        };
         Self::from_source(py, vec![c], source, batch_size, rank, world_size, dtype, drop_last)
     }
 
     /// This rank's slice of the global batch starting at example `first`.
+    /// (Following a build: waits for what it needs, Ctrl-C stops the wait.)
     fn batch<'py>(&self, py: Python<'py>, first: u64) -> PyResult<Bound<'py, PyAny>> {
         let spec = self.spec.clone();
-        let (rows, b) = py.detach(move || spec.assemble(first)).map_err(|e| to_pyerr(py, e))?;
+        let (rows, b) = if spec.follows() {
+            run_detached(py, move |cancel| spec.assemble_wait(first, &cancel))?
+        } else {
+            py.detach(move || spec.assemble(first)).map_err(|e| to_pyerr(py, e))?
+        };
         to_numpy(py, rows, self.spec.seqlen, b)
+    }
+
+    /// Does a batch start at example `first`? (A single pass following a build may wait to
+    /// learn where it ends.)
+    fn has_batch(&self, py: Python<'_>, first: u64) -> PyResult<bool> {
+        let spec = self.spec.clone();
+        if !spec.end_pending {
+            return Ok(spec.has_batch(first));
+        }
+        run_detached(py, move |cancel| spec.has_batch_wait(first, &cancel))
     }
 
     /// (component, chunk, index in tar order) of global example `i`.
@@ -196,7 +296,17 @@ impl ReaderCore {
         if i >= tokshuf_core::reader::MAX_EXAMPLE || self.spec.source.num_examples().is_some_and(|n| i >= n) {
             return Err(to_pyerr(py, Error::Config(format!("example {i} out of range"))));
         }
-        let l = self.spec.source.locate(i);
+        let l = if self.spec.follows() {
+            let spec = self.spec.clone();
+            run_detached(py, move |cancel| {
+                if spec.end_pending && spec.source.wait_len(i + 1, &cancel)?.is_some_and(|n| i >= n) {
+                    return Err(Error::Config(format!("example {i} out of range")));
+                }
+                spec.source.locate_wait(i, &cancel)
+            })?
+        } else {
+            self.spec.source.locate(i)
+        };
         Ok((l.component, l.chunk, l.index))
     }
 
@@ -209,6 +319,11 @@ impl ReaderCore {
     #[getter]
     fn end(&self) -> Option<u64> {
         self.spec.end
+    }
+    /// A single pass following a build whose end is not known yet (see `has_batch`).
+    #[getter]
+    fn end_pending(&self) -> bool {
+        self.spec.end_pending
     }
     #[getter]
     fn seqlen(&self) -> usize {

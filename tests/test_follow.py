@@ -1,0 +1,253 @@
+"""Follow mode: a reader started while its cache is being built yields exactly the batches of
+the finished cache; a dead build is a typed error, not a hang; two builds into one folder are
+refused.
+
+Builds run in subprocesses with the core's test hooks (rust/tokshuf-core/src/testhook.rs):
+``TOKSHUF_TEST_GATE`` holds the build at a named point until the test has opened its reader
+(so the reader provably starts before stage 2 / while streaming), ``TOKSHUF_TEST_SLOW`` makes
+every shard slow to appear so the reader has to wait for them, ``TOKSHUF_TEST_PAUSE`` stops the
+build for good so the test can kill it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import numpy as np
+import pytest
+
+import tokshuf
+from conftest import make_docs, write_jsonl
+
+OPTS = dict(seqlen=32, chunk_size=8, threads=2, progress=False)
+
+RUNNER = """
+import json, sys, tokshuf
+tokshuf.build_cache(json.loads(sys.argv[1]), sys.argv[2], **json.loads(sys.argv[3]))
+"""
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> List[Path]:
+    """Four files, about 190 chunks of 8 contexts."""
+    return [write_jsonl(tmp_path / f"p{i}.jsonl", make_docs(40 + 15 * i, 7 + i)) for i in range(4)]
+
+
+class Build:
+    def __init__(self, inputs: List[Path], out: Path, opts: dict, env: Dict[str, str]) -> None:
+        self.trace = out.parent / (out.name + ".trace")
+        self.trace.write_text("")
+        full = {k: v for k, v in os.environ.items() if not k.startswith("TOKSHUF_TEST_")}
+        full.update(env)
+        full["TOKSHUF_TEST_TRACE"] = str(self.trace)
+        args = [sys.executable, "-c", RUNNER, json.dumps([str(p) for p in inputs]), str(out), json.dumps(opts)]
+        self.proc = subprocess.Popen(args, env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def wait_trace(self, line: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while line not in self.trace.read_text().splitlines():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"build ended before {line!r}: {self.proc.communicate()[1].decode()}")
+            assert time.monotonic() < deadline, f"build never reached {line!r}"
+            time.sleep(0.005)
+
+    def finish(self, timeout: float = 120) -> None:
+        _, err = self.proc.communicate(timeout=timeout)
+        assert self.proc.returncode == 0, err.decode()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+
+def gated_build(inputs, out: Path, opts: dict, slow: str = "stage2.shard:6"):
+    """A build held at point "start" (tokshuf.json exists, nothing tokenized) until `release()`."""
+    gate = out.parent / (out.name + ".gate")
+    b = Build(inputs, out, opts, {"TOKSHUF_TEST_GATE": f"start:{gate}", "TOKSHUF_TEST_SLOW": slow})
+    b.wait_trace("gate start")
+    return b, (lambda: gate.write_text("go"))
+
+
+def in_thread(fn):
+    """Run fn on a thread; returns a callable that joins it and returns fn's result or raises."""
+    box: dict = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            box["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+
+    def join(timeout: float = 120):
+        t.join(timeout)
+        assert not t.is_alive(), "reader thread hung"
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+    return join
+
+
+def take(reader, n: int) -> List[np.ndarray]:
+    return [next(reader) for _ in range(n)] if n else list(reader)
+
+
+def assert_same(got: List[np.ndarray], want: List[np.ndarray]) -> None:
+    assert len(got) == len(want)
+    for k, (g, w) in enumerate(zip(got, want)):
+        assert g.shape == w.shape and np.array_equal(g, w), f"batch {k} differs"
+
+
+def test_follow_shuffled_build_from_stage_one(corpus, tmp_path):
+    out = tmp_path / "c"
+    b, release = gated_build(corpus, out, OPTS)
+
+    def follow(rank: int, prefetch: int):
+        # Opened while stage 1 has not even started: waits for the plan, then for each shard.
+        r = tokshuf.Reader(out, follow=True, timeout=60, batch_size=16, rank=rank, world_size=2, prefetch=prefetch)
+        assert r.cache.following and r.cache.metadata["status"] == "building"
+        return take(r, 3 * len(r.cache) // 16 + 2)
+
+    joins = [in_thread(lambda: follow(0, 0)), in_thread(lambda: follow(1, 3))]
+    time.sleep(0.1)  # let the readers start waiting (they would pass the test without waiting too)
+    release()
+    got = [j() for j in joins]
+    b.finish()
+    for rank, batches in enumerate(got):
+        want = take(tokshuf.Reader(out, batch_size=16, rank=rank, world_size=2), len(batches))
+        assert_same(batches, want)
+
+
+def test_follow_streaming_build(corpus, tmp_path):
+    out = tmp_path / "c"
+    opts = dict(OPTS, shuffle=False)
+    # Slow files keep the build "streaming" while shards appear, so readers serve from the
+    # manifest prefix before the plan is final.
+    b, release = gated_build(corpus, out, opts, slow="stage2.shard:8,stage1.file:300")
+    cache = tokshuf.Cache(out, follow=True, timeout=60)
+    assert cache.following and cache.metadata["status"] == "streaming"
+    # Endless readers with an explicit R* (served from the manifest prefix while streaming),
+    # with the default R* (min(64, N): known once 64 chunks are), and single passes. Readers
+    # without an explicit R* wait for it at construction, so all are made on their threads.
+    makers = {
+        "r4": lambda: tokshuf.Reader(cache, batch_size=12, ideal_readers=4, seed=5, prefetch=2),
+        "default": lambda: tokshuf.Reader(out, follow=True, timeout=60, batch_size=16, prefetch=0),
+        "single": lambda: tokshuf.Reader(out, follow=True, timeout=60, batch_size=10, single_pass=True,
+                                         ideal_readers=3, prefetch=2),
+        "single_drop": lambda: tokshuf.Reader(out, follow=True, timeout=60, batch_size=7, single_pass=True,
+                                              drop_last=True, prefetch=0, rank=1, world_size=7),
+    }
+    counts = {"r4": 400, "default": 300, "single": 0, "single_drop": 0}
+    states = {}
+
+    def read(name):
+        r = makers[name]()
+        if name == "single":
+            assert r.num_examples is None  # not known while streaming
+        first = take(r, 3)
+        states[name] = r.state_dict()
+        return first + take(r, max(counts[name] - 3, 0))
+
+    joins = {name: in_thread(lambda name=name: read(name)) for name in makers}
+    release()
+    got = {name: j() for name, j in joins.items()}
+    b.finish()
+    full = tokshuf.Cache(out)
+    want = {
+        "r4": take(tokshuf.Reader(full, batch_size=12, ideal_readers=4, seed=5), 400),
+        "default": take(tokshuf.Reader(full, batch_size=16), 300),
+        "single": take(tokshuf.Reader(full, batch_size=10, single_pass=True, ideal_readers=3), 0),
+        "single_drop": take(tokshuf.Reader(full, batch_size=7, single_pass=True, drop_last=True, rank=1,
+                                           world_size=7), 0),
+    }
+    for name in makers:
+        assert_same(got[name], want[name])
+    assert len(want["single"]) == -(-len(full) // 10)
+    # A state saved while following loads on the finished cache.
+    for name, kw in (("r4", dict(batch_size=12, ideal_readers=4, seed=5)), ("single", dict(batch_size=10, single_pass=True, ideal_readers=3))):
+        r = tokshuf.Reader(full, **kw)
+        r.load_state_dict(states[name])
+        assert np.array_equal(next(r), want[name][3])
+    assert not (out / ".tokshuf-lock").exists()
+
+
+def test_follow_cache_reads_by_index(corpus, tmp_path):
+    out = tmp_path / "c"
+    b, release = gated_build(corpus, out, dict(OPTS, shuffle=False))
+    cache = tokshuf.Cache(out, follow=True, timeout=60)
+    join = in_thread(lambda: (len(cache), cache.get_batch([0, 5, 100, -1])))
+    release()
+    n, rows = join()
+    b.finish()
+    full = tokshuf.Cache(out)
+    assert n == len(full)
+    assert np.array_equal(rows, full.get_batch([0, 5, 100, -1]))
+
+
+def test_dead_build_is_a_typed_error(corpus, tmp_path):
+    out = tmp_path / "c"
+    # Stops for good after its third shard: alive, but nothing more will come.
+    b = Build(corpus, out, OPTS, {"TOKSHUF_TEST_PAUSE": "stage2.shard:3"})
+    b.wait_trace("paused stage2.shard")
+    r = tokshuf.Reader(out, follow=True, timeout=0.3, batch_size=64, prefetch=0)
+    with pytest.raises(tokshuf.FollowTimeoutError) as e:
+        take(r, 100)
+    assert isinstance(e.value, TimeoutError) and "build is running" in str(e.value)
+    # Killed while a reader waits: the reader notices the lock is gone and fails at once,
+    # long before its timeout.
+    waiting = tokshuf.Reader(out, follow=True, timeout=600, batch_size=64, prefetch=2)
+    join = in_thread(lambda: take(waiting, 100))
+    time.sleep(0.2)
+    b.kill()
+    with pytest.raises(tokshuf.BuildNotRunningError, match="resume it"):
+        join(timeout=30)
+    # A reader opened after the build died fails the same way, at once.
+    with pytest.raises(tokshuf.BuildNotRunningError):
+        take(tokshuf.Reader(out, follow=True, timeout=600, batch_size=64), 100)
+    # The resumed build completes; a follow reader of a complete cache is a plain reader.
+    tokshuf.build_cache([str(p) for p in corpus], out, **OPTS)
+    assert not tokshuf.Cache(out, follow=True).following
+
+
+def test_no_build_at_all(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(tokshuf.BuildNotRunningError):
+        tokshuf.Cache(tmp_path / "empty", follow=True, timeout=600)
+
+
+def test_second_concurrent_build_is_refused(corpus, tmp_path):
+    out = tmp_path / "c"
+    b = Build(corpus, out, OPTS, {"TOKSHUF_TEST_PAUSE": "stage1.file"})
+    try:
+        b.wait_trace("paused stage1.file")
+        with pytest.raises(tokshuf.OutputExistsError, match="another tokshuf build"):
+            tokshuf.build_cache([str(p) for p in corpus], out, **OPTS)
+        with pytest.raises(tokshuf.OutputExistsError, match="another tokshuf build"):
+            tokshuf.build_cache([str(p) for p in corpus], out, **OPTS, overwrite=True)
+    finally:
+        b.kill()
+    # The kernel dropped the dead build's lock: the same build resumes, and leaves no lock file.
+    tokshuf.build_cache([str(p) for p in corpus], out, **OPTS)
+    assert not (out / ".tokshuf-lock").exists()
+    assert len(tokshuf.Cache(out)) > 0
+
+
+def test_refused_build_leaves_no_lock_file(tmp_path, corpus):
+    out = tmp_path / "c"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(tokshuf.OutputExistsError):
+        tokshuf.build_cache([str(p) for p in corpus], out, **OPTS)
+    assert sorted(os.listdir(out)) == ["notes.txt"]
