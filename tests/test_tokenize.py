@@ -1,4 +1,5 @@
-"""Token ids equal the reference libraries (DESIGN §4), and worst-case input stays linear.
+"""Token ids equal the reference libraries (DESIGN §4), and worst-case input stays linear,
+with either tokenizer backend (the fast one that builds use by default, and the reference).
 
 References: Python ``tokenizers`` (GPT-NeoX-20B tokenizer.json, ``encode_special_tokens = True``,
 ``add_special_tokens=False``) and Python ``tiktoken`` ``encode_ordinary``, both built from the
@@ -10,9 +11,7 @@ from __future__ import annotations
 import functools
 import gzip
 import hashlib
-import json
 import time
-from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -21,7 +20,6 @@ from hypothesis import strategies as st
 import tokshuf
 import tokref
 
-SAMPLE = Path(__file__).parent / "data" / "sample"
 NEOX = str(tokref.NEOX_JSON)
 TIKTOKEN_SPECS = [f"tiktoken:{n}" for n in tokref.TIKTOKEN_NAMES]
 ALL_SPECS = [NEOX] + TIKTOKEN_SPECS
@@ -33,17 +31,9 @@ def spec_id(spec: str) -> str:
     return "neox" if spec == NEOX else spec.split(":")[1]
 
 
-def sample_texts():
-    texts = []
-    for path in sorted(SAMPLE.glob("*.jsonl")):
-        with open(path, encoding="utf-8") as f:
-            texts.extend(json.loads(line)["text"] for line in f)
-    return texts
-
-
 @pytest.fixture(scope="module")
 def texts():
-    return sample_texts()
+    return tokref.sample_texts()
 
 
 @pytest.fixture(scope="module", params=ALL_SPECS, ids=spec_id)
@@ -51,9 +41,19 @@ def spec(request):
     return request.param
 
 
+@pytest.fixture(scope="module", params=["fast", "reference"])
+def backend(request):
+    return request.param
+
+
+REFERENCE_BACKEND = {NEOX: "hf-tokenizers"}
+
+
 @functools.lru_cache(maxsize=None)
-def ours(spec: str) -> "tokshuf.Tokenizer":
-    return tokshuf.Tokenizer(spec)
+def ours(spec: str, backend: str) -> "tokshuf.Tokenizer":
+    tok = tokshuf.Tokenizer(spec, backend=backend)
+    assert tok.backend == ("tokshuf-fast" if backend == "fast" else REFERENCE_BACKEND.get(spec, "tokshuf-bpe"))
+    return tok
 
 
 # --------------------------------------------------------------------------------------
@@ -66,20 +66,19 @@ def test_embedded_ranks_match_pinned_hashes(name):
     digest = hashlib.sha256(raw).hexdigest()
     assert digest == tokref.pinned_sums()[f"{name}.tiktoken"]
     # The hash tokshuf records in tokshuf.json is the same pinned one.
-    assert ours(f"tiktoken:{name}").sha256 == digest
+    assert ours(f"tiktoken:{name}", "fast").sha256 == ours(f"tiktoken:{name}", "reference").sha256 == digest
 
 
 def test_neox_json_is_pinned():
     digest = hashlib.sha256(tokref.NEOX_JSON.read_bytes()).hexdigest()
     assert digest == tokref.pinned_sums()["gpt-neox-20b.json"]
-    assert ours(NEOX).sha256 == digest
+    assert ours(NEOX, "fast").sha256 == ours(NEOX, "reference").sha256 == digest
 
 
-def test_tokenizer_identity(spec):
-    tok = ours(spec)
+def test_tokenizer_identity(spec, backend):
+    tok = ours(spec, backend)
     assert tok.eot_id == EOT[spec]
     if spec == NEOX:
-        assert tok.backend == "hf-tokenizers"
         assert tok.vocab_size == tokref.neox_reference().get_vocab_size(with_added_tokens=True)
         assert tok.pad_id == 1  # <|padding|>
     else:
@@ -90,17 +89,17 @@ def test_tokenizer_identity(spec):
 # Identical ids on real text.
 
 
-def test_sample_ids_equal_reference(spec, texts):
+def test_sample_ids_equal_reference(spec, backend, texts):
     assert len(texts) > 200
     expected = tokref.reference_encode_batch(spec, texts)
-    got = ours(spec).encode_batch(texts)
+    got = ours(spec, backend).encode_batch(texts)
     assert len(got) == len(expected)
     for i, (g, e) in enumerate(zip(got, expected)):
         assert g == e, f"document {i} differs ({texts[i][:60]!r})"
 
 
-def test_single_encode_equals_batch(spec, texts):
-    tok = ours(spec)
+def test_single_encode_equals_batch(spec, backend, texts):
+    tok = ours(spec, backend)
     some = texts[::40]
     assert [tok.encode(t) for t in some] == tok.encode_batch(some, threads=1)
 
@@ -129,8 +128,8 @@ TRICKY = [
 ]
 
 
-def test_tricky_strings_equal_reference(spec):
-    assert ours(spec).encode_batch(TRICKY) == tokref.reference_encode_batch(spec, TRICKY)
+def test_tricky_strings_equal_reference(spec, backend):
+    assert ours(spec, backend).encode_batch(TRICKY) == tokref.reference_encode_batch(spec, TRICKY)
 
 
 ALPHABET = st.sampled_from(
@@ -140,39 +139,39 @@ ALPHABET = st.sampled_from(
 
 
 @given(st.lists(st.lists(ALPHABET, max_size=40).map("".join), min_size=1, max_size=8))
-def test_random_text_equals_reference(docs):
+def test_random_text_equals_reference(backend, docs):
     for spec in (NEOX, "tiktoken:r50k_base", "tiktoken:cl100k_base", "tiktoken:o200k_base"):
-        assert ours(spec).encode_batch(docs) == tokref.reference_encode_batch(spec, docs), spec
+        assert ours(spec, backend).encode_batch(docs) == tokref.reference_encode_batch(spec, docs), spec
 
 
 @given(st.lists(st.text(alphabet="aeinrstlhoAE", min_size=257, max_size=3000), min_size=1, max_size=4))
-def test_long_pieces_equal_reference(words):
-    """Pieces over 256 bytes take the heap merge instead of tiktoken's scan."""
+def test_long_pieces_equal_reference(backend, words):
+    """Long pieces take the heap merge (past 256 bytes in the reference, 64 in the fast backend)."""
     for spec in ("tiktoken:r50k_base", "tiktoken:cl100k_base", "tiktoken:o200k_base"):
-        assert ours(spec).encode_batch(words) == tokref.reference_encode_batch(spec, words), spec
+        assert ours(spec, backend).encode_batch(words) == tokref.reference_encode_batch(spec, words), spec
 
 
 # --------------------------------------------------------------------------------------
 # Special-token strings in text are ordinary text (DESIGN §4).
 
 
-def test_literal_endoftext_is_ordinary_text(spec):
+def test_literal_endoftext_is_ordinary_text(spec, backend):
     text = "before<|endoftext|>after <|padding|> <|fim_prefix|><|endofprompt|>"
-    ids = ours(spec).encode(text)
+    ids = ours(spec, backend).encode(text)
     assert ids == tokref.reference_encode_batch(spec, [text])[0]
     assert EOT[spec] not in ids
-    assert ours(spec).decode(ids) == text
+    assert ours(spec, backend).decode(ids) == text
 
 
-def test_plain_hf_encode_would_inject_control_ids():
+def test_plain_hf_encode_would_inject_control_ids(backend):
     """What the default protects against, and the opt-in that restores plain ``encode``."""
     import tokenizers
 
     text = "a<|endoftext|>b"
     plain = tokenizers.Tokenizer.from_file(NEOX).encode(text, add_special_tokens=False).ids
     assert 0 in plain  # plain HF turns the string into the control id
-    assert 0 not in ours(NEOX).encode(text)
-    assert tokshuf.Tokenizer(NEOX, allow_special_tokens=True).encode(text) == plain
+    assert 0 not in ours(NEOX, backend).encode(text)
+    assert tokshuf.Tokenizer(NEOX, allow_special_tokens=True, backend=backend).encode(text) == plain
 
 
 def test_allow_special_tokens_is_refused_for_tiktoken():
@@ -189,20 +188,20 @@ FRAMES = ["x{}y", "{}", "x{}", "!{}y", "{}x", "\n{}x", " {}\n x", "x!{} y", "a{}
 
 
 @pytest.mark.parametrize("spec", TIKTOKEN_SPECS, ids=spec_id)
-def test_whitespace_runs_equal_reference(spec):
+def test_whitespace_runs_equal_reference(spec, backend):
     texts = [
         frame.format(ws * n)
         for ws in WHITESPACE
         for frame in FRAMES
         for n in (1, 2, 3, 62, 63, 64, 65, 66, 129, 1000, 5000)
     ]
-    got = ours(spec).encode_batch(texts)
+    got = ours(spec, backend).encode_batch(texts)
     expected = tokref.reference_encode_batch(spec, texts)
     for text, g, e in zip(texts, got, expected):
         assert g == e, f"{text[:12]!r}... ({len(text)} chars)"
 
 
-def _million_space_run(spec: str):
+def _million_space_run(spec: str, backend: str):
     """Beyond the reference's limit: compare with its pieces, "x" | n-1 spaces | " y" (every
     pattern splits a run followed by a letter that way), each encoded by tiktoken (the long
     piece with the same ranks and a pattern that keeps it whole)."""
@@ -212,22 +211,22 @@ def _million_space_run(spec: str):
     ref = tokref.tiktoken_reference(spec.split(":")[1])
     whole = tiktoken.Encoding("whole", pat_str=r"[\s\S]+", mergeable_ranks=ref._mergeable_ranks, special_tokens={})
     expected = ref.encode_ordinary("x") + whole.encode_ordinary(" " * (n - 1)) + ref.encode_ordinary(" y")
-    assert ours(spec).encode("x" + " " * n + "y") == expected
+    assert ours(spec, backend).encode("x" + " " * n + "y") == expected
 
 
-def test_million_space_run_r50k():
-    _million_space_run("tiktoken:r50k_base")
+def test_million_space_run_r50k(backend):
+    _million_space_run("tiktoken:r50k_base", backend)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("spec", TIKTOKEN_SPECS[1:], ids=spec_id)
-def test_million_space_run(spec):
-    _million_space_run(spec)
+def test_million_space_run(spec, backend):
+    _million_space_run(spec, backend)
 
 
-def test_neox_whitespace_runs_equal_reference():
+def test_neox_whitespace_runs_equal_reference(backend):
     texts = [frame.format(ws * n) for ws in WHITESPACE for frame in FRAMES for n in (1, 2, 65, 3000)]
-    assert ours(NEOX).encode_batch(texts) == tokref.reference_encode_batch(NEOX, texts)
+    assert ours(NEOX, backend).encode_batch(texts) == tokref.reference_encode_batch(NEOX, texts)
 
 
 # --------------------------------------------------------------------------------------
@@ -255,8 +254,8 @@ def _best_time(tok, text: str, reps: int) -> float:
     return best
 
 
-def _check_linear(spec: str, n: int, reps: int):
-    tok = ours(spec)
+def _check_linear(spec: str, backend: str, n: int, reps: int):
+    tok = ours(spec, backend)
     ratios = {}
     for name, make in WORST.items():
         small, big = make(n), make(GROWTH * n)
@@ -268,12 +267,12 @@ def _check_linear(spec: str, n: int, reps: int):
 
 @pytest.mark.timing
 @pytest.mark.parametrize("spec", ALL_SPECS, ids=spec_id)
-def test_worst_cases_grow_linearly(spec):
-    _check_linear(spec, 16_384, reps=3)
+def test_worst_cases_grow_linearly(spec, backend):
+    _check_linear(spec, backend, 16_384, reps=3)
 
 
 @pytest.mark.slow
 @pytest.mark.timing
 @pytest.mark.parametrize("spec", ALL_SPECS, ids=spec_id)
-def test_one_megabyte_worst_cases_grow_linearly(spec):
-    _check_linear(spec, 65_536, reps=2)
+def test_one_megabyte_worst_cases_grow_linearly(spec, backend):
+    _check_linear(spec, backend, 65_536, reps=2)

@@ -12,6 +12,7 @@ import base64
 import functools
 import gzip
 import hashlib
+import json
 from pathlib import Path
 from typing import Dict
 
@@ -19,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
 EMBEDDED = ROOT / "rust" / "tokshuf-core" / "data"
 NEOX_JSON = DATA / "gpt-neox-20b.json"
+SAMPLE = DATA / "sample"
 TIKTOKEN_NAMES = ("r50k_base", "p50k_base", "cl100k_base", "o200k_base")
 
 
@@ -87,3 +89,13 @@ def reference_encode_batch(spec: str, texts):
     if spec.startswith("tiktoken:"):
         return tiktoken_reference(spec.split(":", 1)[1]).encode_ordinary_batch(list(texts))
     return [e.ids for e in neox_reference().encode_batch(list(texts), add_special_tokens=False)]
+
+
+@functools.lru_cache(maxsize=None)
+def sample_texts() -> tuple:
+    """The documents of the committed sample corpus (tests/data/sample), in file order."""
+    texts = []
+    for path in sorted(SAMPLE.glob("*.jsonl")):
+        with open(path, encoding="utf-8") as f:
+            texts.extend(json.loads(line)["text"] for line in f)
+    return tuple(texts)

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import List, Optional
 
-from . import _cli_blend, _cli_read, _cli_status, _cli_verify
+from . import _cli_blend, _cli_check, _cli_read, _cli_status, _cli_verify
 from .exceptions import TokshufError
 
 
@@ -50,6 +50,9 @@ def _add_build(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
     p.add_argument("--pad-id", type=int, default=None, help="padding id (default: the tokenizer's, else EOT)")
     p.add_argument("--bos", action="store_true", help="start every document with a BOS id")
     p.add_argument("--bos-id", type=int, default=None, help="BOS id (default: the tokenizer's)")
+    p.add_argument("--tokenizer-backend", choices=["auto", "fast", "reference"], default="auto",
+                   help="tokenizer implementation: fast where exact (auto, default), or force one; "
+                   "ids are identical")
     p.add_argument("--allow-special-tokens", action="store_true",
                    help="let special-token strings in text become control ids (tokenizer.json only)")
     p.add_argument("--no-shuffle", dest="shuffle", action="store_false",
@@ -75,7 +78,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
         pad_id=args.pad_id, bos=args.bos, bos_id=args.bos_id,
         allow_special_tokens=args.allow_special_tokens, shuffle=args.shuffle,
         memory_limit=args.memory_limit, errors=args.errors, progress=args.progress,
-        overwrite=args.overwrite,
+        overwrite=args.overwrite, tokenizer_backend=args.tokenizer_backend,
     )
     if not (args.progress and sys.stderr.isatty()):
         print(stats.summary())
@@ -90,6 +93,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     _cli_read.add_parser(sub)
     _cli_status.add_parser(sub)
     _cli_verify.add_parser(sub)
+    _cli_check.add_parser(sub)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -87,6 +87,7 @@ def build_cache(
     errors: str = "raise",
     progress: bool = True,
     overwrite: bool = False,
+    tokenizer_backend: str = "auto",
 ) -> BuildStats:
     """Tokenize jsonl corpora into a shuffled WebDataset cache (see README and DESIGN.md).
 
@@ -96,7 +97,9 @@ def build_cache(
     ``overwrite=True`` discards the existing build and starts over. ``threads``,
     ``memory_limit``, ``local_cell_dir`` and ``progress`` never change the output; every other
     argument does. With ``shuffle=False`` the build streams: chunks are written (and listed in
-    manifest.jsonl) while the input files are still being tokenized.
+    manifest.jsonl) while the input files are still being tokenized. ``tokenizer_backend``: ``"auto"`` (the
+    fast backend where it is exact for this tokenizer, else the reference), ``"fast"``
+    (an error where it cannot be used) or ``"reference"``; the ids are the same.
     """
     for name, value in (("seqlen", seqlen), ("chunk_size", chunk_size)):
         if not isinstance(value, int) or value < 1:
@@ -132,6 +135,7 @@ def build_cache(
             errors,
             progress,
             overwrite,
+            tokenizer_backend,
         )
     )
     stats = BuildStats(

@@ -122,7 +122,7 @@ impl Run<'_> {
 pub fn build(opts: &BuildOptions, cancel: Arc<AtomicBool>) -> Result<Value> {
     let t0 = Instant::now();
     testhook::init();
-    let tok = Tokenizer::load(&opts.tokenizer, opts.allow_special_tokens)?;
+    let tok = Tokenizer::load(&opts.tokenizer, opts.allow_special_tokens, opts.tokenizer_backend)?;
     let recipe = make_recipe(opts, &tok)?;
     let out = &opts.output;
     let work = resume::work_dir(out, opts.local_cell_dir.as_deref())?;

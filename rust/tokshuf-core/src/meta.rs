@@ -76,6 +76,8 @@ pub struct BuildOptions {
     pub bos: bool,
     pub bos_id: Option<u32>,
     pub allow_special_tokens: bool,
+    /// Fast or reference tokenizer implementation; never changes the ids.
+    pub tokenizer_backend: crate::tokenizer::Backend,
     pub shuffle: bool,
     pub memory_limit: u64,
     pub errors: ErrorPolicy,

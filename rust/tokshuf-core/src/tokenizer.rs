@@ -8,6 +8,9 @@
 //!   Hugging Face cache: the `tokenizers` crate with `encode_special_tokens = true` and no
 //!   added special tokens, i.e. Python's `encode(text, add_special_tokens=False)` with
 //!   `encode_special_tokens = True`.
+//!
+//! Each has a reference backend (the above) and, where `fast.rs` models the configuration
+//! exactly, the fast one; `Backend` chooses (`Auto`: fast where possible).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
@@ -25,6 +28,30 @@ pub trait Encoder: Send + Sync {
     fn decode(&self, ids: &[u32]) -> String;
 }
 
+/// Which implementation encodes: `Auto` takes the fast backend where it models the
+/// tokenizer exactly and the reference otherwise; `Fast` fails where it cannot be used.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Backend {
+    #[default]
+    Auto,
+    Fast,
+    Reference,
+}
+
+impl Backend {
+    pub fn parse(s: &str) -> Result<Backend> {
+        match s {
+            "auto" => Ok(Backend::Auto),
+            "fast" => Ok(Backend::Fast),
+            "reference" => Ok(Backend::Reference),
+            _ => Err(Error::Config(format!("tokenizer_backend={s:?}: expected one of \"auto\", \"fast\", \"reference\""))),
+        }
+    }
+}
+
+/// Name of the fast backend in tokshuf.json.
+pub const FAST_BACKEND: &str = "tokshuf-fast";
+
 /// A loaded tokenizer and its identity as recorded in tokshuf.json.
 #[derive(Clone)]
 pub struct Tokenizer {
@@ -41,12 +68,12 @@ pub struct Tokenizer {
 impl Tokenizer {
     /// `allow_special`: special-token strings in text become their control ids (plain HF
     /// `encode`); only meaningful for tokenizer.json files.
-    pub fn load(spec: &str, allow_special: bool) -> Result<Tokenizer> {
+    pub fn load(spec: &str, allow_special: bool, backend: Backend) -> Result<Tokenizer> {
         if let Some(name) = spec.strip_prefix("tiktoken:") {
             if allow_special {
                 return Err(Error::Config("allow_special_tokens is only supported for tokenizer.json tokenizers".into()));
             }
-            return load_tiktoken(spec, name);
+            return load_tiktoken(spec, name, backend);
         }
         let path = if let Some(repo) = spec.strip_prefix("hf:") {
             hf_cache_path(repo)?
@@ -54,7 +81,26 @@ impl Tokenizer {
             let p = PathBuf::from(spec);
             if p.is_dir() { p.join("tokenizer.json") } else { p }
         };
-        load_tokenizer_json(spec, &path, allow_special)
+        load_tokenizer_json(spec, &path, allow_special, backend)
+    }
+}
+
+/// The fast encoder if `backend` wants it and `fast` could build it, else the reference.
+fn choose(
+    spec: &str,
+    backend: Backend,
+    reference: (Arc<dyn Encoder>, &'static str),
+    fast: impl FnOnce() -> std::result::Result<crate::fast::FastEncoder, String>,
+) -> Result<(Arc<dyn Encoder>, &'static str)> {
+    if backend == Backend::Reference {
+        return Ok(reference);
+    }
+    match fast() {
+        Ok(f) => Ok((Arc::new(f), FAST_BACKEND)),
+        Err(reason) if backend == Backend::Fast => {
+            Err(Error::Config(format!("{spec}: the fast tokenizer backend cannot be used: {reason}")))
+        }
+        Err(_) => Ok(reference),
     }
 }
 
@@ -123,6 +169,13 @@ fn tiktoken_spec(name: &str) -> Option<TiktokenSpec> {
     })
 }
 
+/// The embedded `.tiktoken` file of an encoding (decompressed), for building the Python
+/// reference offline.
+pub fn tiktoken_data(name: &str) -> Result<Vec<u8>> {
+    let s = tiktoken_spec(name).ok_or_else(|| Error::Tokenizer(format!("unknown tiktoken encoding {name:?}")))?;
+    bpe::gunzip(s.data)
+}
+
 /// Names accepted after `tiktoken:`.
 pub const TIKTOKEN_NAMES: [&str; 4] = ["r50k_base", "p50k_base", "cl100k_base", "o200k_base"];
 
@@ -151,7 +204,7 @@ const LONG_WHITESPACE: usize = 64;
 const REGEX_SLOTS: usize = 64;
 
 struct Tiktoken {
-    bpe: BytePairEncoder,
+    bpe: Arc<BytePairEncoder>,
     regex: fancy_regex::Regex,
     per_thread: Vec<OnceLock<fancy_regex::Regex>>,
     ws: WsRule,
@@ -245,7 +298,7 @@ impl Encoder for Tiktoken {
     }
 }
 
-fn load_tiktoken(spec: &str, name: &str) -> Result<Tokenizer> {
+fn load_tiktoken(spec: &str, name: &str, backend: Backend) -> Result<Tokenizer> {
     let s = tiktoken_spec(name).ok_or_else(|| {
         Error::Tokenizer(format!("unknown tiktoken encoding {name:?}; known: {}", TIKTOKEN_NAMES.join(", ")))
     })?;
@@ -265,15 +318,20 @@ fn load_tiktoken(spec: &str, name: &str) -> Result<Tokenizer> {
     let regex = compile_pattern(s.pattern).map_err(|e| Error::Tokenizer(format!("{spec}: bad pattern: {e}")))?;
     let per_thread = (0..REGEX_SLOTS).map(|_| OnceLock::new()).collect();
     let eot = s.specials[0].1;
+    let bpe = Arc::new(BytePairEncoder::new(ranks)?);
+    let reference: Arc<dyn Encoder> = Arc::new(Tiktoken { bpe: bpe.clone(), regex, per_thread, ws: s.ws, decoder });
+    let (encoder, backend) = choose(spec, backend, (reference.clone(), "tokshuf-bpe"), || {
+        crate::fast::FastEncoder::tiktoken(s.pattern, bpe, reference)
+    })?;
     Ok(Tokenizer {
         spec: spec.to_string(),
         sha256,
         vocab_size,
-        backend: "tokshuf-bpe",
+        backend,
         eot_id: Some(eot),
         pad_id: None,
         bos_id: None,
-        encoder: Arc::new(Tiktoken { bpe: BytePairEncoder::new(ranks)?, regex, per_thread, ws: s.ws, decoder }),
+        encoder,
     })
 }
 
@@ -284,7 +342,7 @@ const EOT_CANDIDATES: [&str; 4] = ["<|endoftext|>", "<|end_of_text|>", "</s>", "
 const PAD_CANDIDATES: [&str; 5] = ["<|padding|>", "<pad>", "[PAD]", "<|pad|>", "<|finetune_right_pad_id|>"];
 const BOS_CANDIDATES: [&str; 4] = ["<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>"];
 
-struct HfTokenizer(tokenizers::Tokenizer);
+struct HfTokenizer(Arc<tokenizers::Tokenizer>);
 
 impl Encoder for HfTokenizer {
     fn encode_into(&self, text: &str, out: &mut Vec<u32>) -> std::result::Result<(), String> {
@@ -297,7 +355,7 @@ impl Encoder for HfTokenizer {
     }
 }
 
-fn load_tokenizer_json(spec: &str, path: &Path, allow_special: bool) -> Result<Tokenizer> {
+fn load_tokenizer_json(spec: &str, path: &Path, allow_special: bool, backend: Backend) -> Result<Tokenizer> {
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
     let mut tok = tokenizers::Tokenizer::from_bytes(&bytes)
         .map_err(|e| Error::Tokenizer(format!("{}: not a usable tokenizer.json: {e}", path.display())))?;
@@ -305,15 +363,24 @@ fn load_tokenizer_json(spec: &str, path: &Path, allow_special: bool) -> Result<T
     let _ = tok.with_padding(None).with_truncation(None);
     let find = |cands: &[&str]| cands.iter().find_map(|t| tok.token_to_id(t));
     let pad_id = tok.get_padding().map(|p| p.pad_id).or_else(|| find(&PAD_CANDIDATES));
+    let (eot_id, bos_id) = (find(&EOT_CANDIDATES), find(&BOS_CANDIDATES));
+    let vocab_size = tok.get_vocab_size(true) as u32;
+    let tok = Arc::new(tok);
+    let reference: Arc<dyn Encoder> = Arc::new(HfTokenizer(tok.clone()));
+    let (encoder, backend) = choose(spec, backend, (reference.clone(), "hf-tokenizers"), || {
+        let json: serde_json::Value =
+            serde_json::from_slice(&bytes).map_err(|e| format!("not JSON: {e}"))?;
+        crate::fast::FastEncoder::tokenizer_json(&json, &tok, allow_special, reference)
+    })?;
     Ok(Tokenizer {
         spec: spec.to_string(),
         sha256: hex(&Sha256::digest(&bytes)),
-        vocab_size: tok.get_vocab_size(true) as u32,
-        backend: "hf-tokenizers",
-        eot_id: find(&EOT_CANDIDATES),
+        vocab_size,
+        backend,
+        eot_id,
         pad_id,
-        bos_id: find(&BOS_CANDIDATES),
-        encoder: Arc::new(HfTokenizer(tok)),
+        bos_id,
+        encoder,
     })
 }
 
@@ -359,13 +426,13 @@ mod tests {
 
     #[test]
     fn tiktoken_known_ids() {
-        let t = Tokenizer::load("tiktoken:r50k_base", false).unwrap();
+        let t = Tokenizer::load("tiktoken:r50k_base", false, Backend::Auto).unwrap();
         let mut out = vec![];
         t.encoder.encode_into("Hello world", &mut out).unwrap();
         assert_eq!(out, vec![15496, 995]);
         assert_eq!(t.vocab_size, 50257);
         assert_eq!(t.eot_id, Some(50256));
-        let c = Tokenizer::load("tiktoken:cl100k_base", false).unwrap();
+        let c = Tokenizer::load("tiktoken:cl100k_base", false, Backend::Auto).unwrap();
         out.clear();
         c.encoder.encode_into("hello world<|endoftext|>", &mut out).unwrap();
         assert_eq!(c.encoder.decode(&out), "hello world<|endoftext|>");
@@ -374,8 +441,8 @@ mod tests {
 
     #[test]
     fn unknown_specs_are_errors() {
-        assert!(matches!(Tokenizer::load("tiktoken:nope", false), Err(Error::Tokenizer(_))));
-        assert!(matches!(Tokenizer::load("/no/such/tokenizer.json", false), Err(Error::Io { .. })));
-        assert!(matches!(Tokenizer::load("hf:no-org/no-model", false), Err(Error::Tokenizer(_))));
+        assert!(matches!(Tokenizer::load("tiktoken:nope", false, Backend::Auto), Err(Error::Tokenizer(_))));
+        assert!(matches!(Tokenizer::load("/no/such/tokenizer.json", false, Backend::Auto), Err(Error::Io { .. })));
+        assert!(matches!(Tokenizer::load("hf:no-org/no-model", false, Backend::Auto), Err(Error::Tokenizer(_))));
     }
 }

@@ -6,6 +6,7 @@ mod blend;
 mod reader;
 mod status;
 mod inputs;
+mod fasttok;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,7 +17,9 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyType;
 
+
 use tokshuf_core::meta::{BuildOptions, ErrorPolicy, Format, Tail};
+use tokshuf_core::tokenizer::Backend;
 use tokshuf_core::Error;
 
 
@@ -85,7 +88,7 @@ where
 #[pyfunction]
 #[pyo3(signature = (inputs, output, tokenizer, seqlen, chunk_size, num_local_cells, local_cell_dir,
     seed, threads, text_key, format, tail, eot_id, pad_id, bos, bos_id, allow_special_tokens,
-    shuffle, memory_limit, errors, progress, overwrite))]
+    shuffle, memory_limit, errors, progress, overwrite, tokenizer_backend="auto"))]
 #[allow(clippy::too_many_arguments)]
 fn build_cache(
     py: Python<'_>,
@@ -111,6 +114,7 @@ fn build_cache(
     errors: &str,
     progress: bool,
     overwrite: bool,
+    tokenizer_backend: &str,
 ) -> PyResult<String> {
     let opts = BuildOptions {
         inputs,
@@ -130,6 +134,7 @@ fn build_cache(
         bos,
         bos_id,
         allow_special_tokens,
+        tokenizer_backend: Backend::parse(tokenizer_backend).map_err(|e| to_pyerr(py, e))?,
         shuffle,
         memory_limit,
         errors: parse("errors", errors, &[("raise", ErrorPolicy::Raise), ("skip", ErrorPolicy::Skip)])?,
@@ -149,9 +154,11 @@ struct Tokenizer {
 #[pymethods]
 impl Tokenizer {
     #[new]
-    #[pyo3(signature = (spec, allow_special_tokens=false))]
-    fn new(py: Python<'_>, spec: String, allow_special_tokens: bool) -> PyResult<Self> {
-        let inner = run_detached(py, move |_| tokshuf_core::tokenizer::Tokenizer::load(&spec, allow_special_tokens))?;
+    #[pyo3(signature = (spec, allow_special_tokens=false, backend="auto"))]
+    fn new(py: Python<'_>, spec: String, allow_special_tokens: bool, backend: &str) -> PyResult<Self> {
+        let backend = Backend::parse(backend).map_err(|e| to_pyerr(py, e))?;
+        let inner =
+            run_detached(py, move |_| tokshuf_core::tokenizer::Tokenizer::load(&spec, allow_special_tokens, backend))?;
         Ok(Tokenizer { inner })
     }
     #[getter]
@@ -225,5 +232,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     reader::register(m)?;
     status::register(m)?;
     inputs::register(m)?;
+    fasttok::register(m)?;
     Ok(())
 }
