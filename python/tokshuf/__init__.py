@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from ._blend import Blend
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ._build import DEFAULT_TOKENIZER, BuildStats, build_cache
-from ._cache import Cache
 from ._core import Tokenizer, __version__
-from ._reader import Reader, shift_targets
-from ._verify import VerifyReport, verify
 from .exceptions import (
     BuildNotRunningError,
     FollowTimeoutError,
@@ -23,6 +22,37 @@ from .exceptions import (
     TokshufIOError,
     TokshufPermissionError,
 )
+
+# The reading side needs NumPy; importing it starts OpenBLAS's thread pool, whose threads spin
+# for a while and take cores from a build. So `import tokshuf` and builds never load NumPy:
+# these names are imported on first use.
+_LAZY = {
+    "Blend": "._blend",
+    "Cache": "._cache",
+    "Reader": "._reader",
+    "shift_targets": "._reader",
+    "verify": "._verify",
+    "VerifyReport": "._verify",
+}
+
+if TYPE_CHECKING:
+    from ._blend import Blend
+    from ._cache import Cache
+    from ._reader import Reader, shift_targets
+    from ._verify import VerifyReport, verify
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tokshuf' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> "list[str]":
+    return sorted(set(globals()) | set(_LAZY))
 
 __all__ = [
     "__version__",

@@ -13,9 +13,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from typing import List, Optional, Tuple
+from typing import TYPE_CHECKING, List, Optional, Tuple
 
-from ._blend import DEFAULT_QUANTUM, Blend
+if TYPE_CHECKING:
+    from ._blend import Blend
+
+# Equal to _blend.DEFAULT_QUANTUM (a test checks); _blend is imported only when a blend is used,
+# so that the other commands never load NumPy.
+DEFAULT_QUANTUM = 1 << 16
 
 
 def parse_blend_spec(text: str) -> Tuple[str, float]:
@@ -54,6 +59,8 @@ def blend_from_args(args: argparse.Namespace, *, seed: int = 0) -> Optional[Blen
     specs: Optional[List[Tuple[str, float]]] = getattr(args, "blend", None)
     if not specs:
         return None
+    from ._blend import Blend
+
     return Blend(specs, seed=seed, quantum=args.blend_quantum)
 
 
@@ -75,6 +82,8 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
 
 
 def _cmd_blend(args: argparse.Namespace) -> int:
+    from ._blend import Blend
+
     blend = Blend(args.specs, quantum=args.quantum)
     desc = blend.describe(args.num_examples)
     print(json.dumps(desc.to_dict(), indent=2) if args.json else desc)

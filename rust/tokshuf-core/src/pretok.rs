@@ -3,12 +3,12 @@
 //!
 //! Exactness rests on two things:
 //! - Character classes (`\p{L}`, `\p{N}`, `\s`, o200k's case classes, `(?i)` letter folds)
-//!   are not taken from our own Unicode tables but computed once per process by running
-//!   *the reference's own regex engine* over every code point: fancy-regex (as tiktoken
-//!   uses) for the tiktoken encodings, Oniguruma through the `tokenizers` crate (as Hugging
-//!   Face uses) for tokenizer.json files. The two builds in use agree on every code point
-//!   (the tests check both against the Python libraries), but nothing keeps their Unicode
-//!   versions in step, so each reference gets the table of its own engine.
+//!   are not taken from our own Unicode tables but from *the reference's own regex engine*,
+//!   once per process: for the tiktoken encodings, the classes of regex-syntax, the parser
+//!   under fancy-regex (as tiktoken uses); for tokenizer.json files, Oniguruma (as Hugging
+//!   Face uses) run over every code point through the `tokenizers` crate. The two agree on
+//!   every code point today (the tests check both against the Python libraries), but
+//!   nothing keeps their Unicode versions in step, so each reference gets its own table.
 //! - Each scanner follows the backtracking order of its pattern, alternative by alternative;
 //!   the comments next to each branch name the alternative it implements. Patterns are
 //!   recognised by their exact text; anything else is not handled here.
@@ -104,13 +104,114 @@ impl CharClasses {
     }
 }
 
+/// The one-character classes of the table; `+` is appended for scanning.
+const CLASSES: [(u8, &str); 5] = [
+    (L, r"\p{L}"),
+    (N, r"\p{N}"),
+    (S, r"\s"),
+    (UP, r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]"),
+    (LO, r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"),
+];
+
+type Res<T> = std::result::Result<T, String>;
+
+/// What `build` gathers: code points per class bit, the non-ASCII `(?i)` folds of each of
+/// `FOLD_LETTERS`, and whether a single character folds to two letters.
+struct Members {
+    classes: Vec<(u8, Vec<u32>)>,
+    folds: [Vec<u32>; 8],
+    multi_char_folds: bool,
+}
+
+/// fancy-regex hands character classes to regex-syntax (the same crate and version here, one
+/// semver-compatible copy in the build), whose parsed class *is* the set its matcher accepts:
+/// read the ranges, no scan needed (about a millisecond instead of 0.1 s).
+fn fancy_regex_members() -> Res<Members> {
+    fn class(pattern: &str) -> Res<Vec<u32>> {
+        use regex_syntax::hir::{Class, HirKind};
+        let hir = regex_syntax::Parser::new().parse(pattern).map_err(|e| format!("{pattern}: {e}"))?;
+        match hir.kind() {
+            HirKind::Class(Class::Unicode(c)) => {
+                let cps = c.ranges().iter().flat_map(|r| r.start() as u32..=r.end() as u32);
+                Ok(cps.filter(|cp| !(0xD800..0xE000).contains(cp)).collect())
+            }
+            _ => Err(format!("{pattern}: not a Unicode class")),
+        }
+    }
+    let classes = CLASSES.iter().map(|&(bit, p)| Ok((bit, class(p)?))).collect::<Res<_>>()?;
+    let mut folds: [Vec<u32>; 8] = Default::default();
+    for (k, &letter) in FOLD_LETTERS.iter().enumerate() {
+        let (ascii, other): (Vec<u32>, Vec<u32>) = class(&format!("(?i:{})", letter as char))?.into_iter().partition(|&c| c < 128);
+        check_ascii_folds(letter, &ascii)?;
+        folds[k] = other;
+    }
+    // regex-syntax folds simply (one character to one): never to two letters.
+    Ok(Members { classes, folds, multi_char_folds: false })
+}
+
+/// Oniguruma's tables are not exposed: run it over every code point.
+fn onig_members() -> Res<Members> {
+    let text = all_code_points();
+    let text = text.as_str();
+    let scan = |classes: &[(u8, &str)]| -> Res<Vec<(u8, Vec<u32>)>> {
+        classes.iter().map(|&(bit, pat)| Ok((bit, matched(Engine::Onig, &format!("{pat}+"), text)?))).collect()
+    };
+    // Folds: one scan for any of the letters, then each candidate tested on its own.
+    let folds = || -> Res<[Vec<u32>; 8]> {
+        let mut folds: [Vec<u32>; 8] = Default::default();
+        let candidates = matched(Engine::Onig, "(?i:[stmdlver])+", text)?;
+        for (k, &letter) in FOLD_LETTERS.iter().enumerate() {
+            let pat = format!("(?i:{})", letter as char);
+            let mut ascii = Vec::new();
+            for &cp in &candidates {
+                let one = char::from_u32(cp).expect("scalar value").to_string();
+                if match_ranges(Engine::Onig, &pat, &one)?.iter().any(|&(a, b)| (a, b) == (0, one.len())) {
+                    if cp < 128 {
+                        ascii.push(cp);
+                    } else {
+                        folds[k].push(cp);
+                    }
+                }
+            }
+            check_ascii_folds(letter, &ascii)?;
+        }
+        Ok(folds)
+    };
+    // A single character matching a two-letter suffix would be a multi-character fold.
+    let multi = || -> Res<bool> {
+        let ranges = match_ranges(Engine::Onig, "(?i:re|ve|ll)", text)?;
+        Ok(ranges.iter().any(|&(a, b)| text[a..b].chars().count() == 1))
+    };
+    // The scans are independent: run them side by side.
+    let (a, b, (f, m)) = std::thread::scope(|sc| {
+        let a = sc.spawn(|| scan(&CLASSES[..3]));
+        let b = sc.spawn(|| scan(&CLASSES[3..]));
+        let rest = (folds(), multi());
+        fn join<T>(h: std::thread::ScopedJoinHandle<'_, T>) -> Res<T> {
+            h.join().map_err(|_| "class scan panicked".to_string())
+        }
+        Ok::<_, String>((join(a)?, join(b)?, rest))
+    })?;
+    Ok(Members { classes: a?.into_iter().chain(b?).collect(), folds: f?, multi_char_folds: m? })
+}
+
+/// ASCII folds are assumed to be the plain case pair; check it.
+fn check_ascii_folds(letter: u8, ascii: &[u32]) -> Res<()> {
+    let mut sorted = ascii.to_vec();
+    sorted.sort_unstable();
+    if sorted != [letter.to_ascii_uppercase() as u32, letter as u32] {
+        return Err(format!("unexpected ASCII case folds of {:?}: {ascii:?}", letter as char));
+    }
+    Ok(())
+}
+
 /// Every Unicode scalar value, in order.
 fn all_code_points() -> String {
     (0..0xD800u32).chain(0xE000..0x110000).filter_map(char::from_u32).collect()
 }
 
 /// Code points covered by the matches of `pattern`, found by the engine itself.
-fn matched(engine: Engine, pattern: &str, text: &str) -> std::result::Result<Vec<u32>, String> {
+fn matched(engine: Engine, pattern: &str, text: &str) -> Res<Vec<u32>> {
     let mut out = Vec::new();
     for (a, b) in match_ranges(engine, pattern, text)? {
         out.extend(text[a..b].chars().map(|c| c as u32));
@@ -118,7 +219,7 @@ fn matched(engine: Engine, pattern: &str, text: &str) -> std::result::Result<Vec
     Ok(out)
 }
 
-fn match_ranges(engine: Engine, pattern: &str, text: &str) -> std::result::Result<Vec<(usize, usize)>, String> {
+fn match_ranges(engine: Engine, pattern: &str, text: &str) -> Res<Vec<(usize, usize)>> {
     let mut ranges: Vec<(usize, usize)> = Vec::new();
     match engine {
         Engine::FancyRegex => {
@@ -136,74 +237,35 @@ fn match_ranges(engine: Engine, pattern: &str, text: &str) -> std::result::Resul
     Ok(ranges)
 }
 
-fn build(engine: Engine) -> std::result::Result<CharClasses, String> {
-    type Res<T> = std::result::Result<T, String>;
-    let text = all_code_points();
-    let text = text.as_str();
-    let scan = |classes: &[(u8, &str)]| -> Res<Vec<(u8, Vec<u32>)>> {
-        classes.iter().map(|&(bit, pat)| Ok((bit, matched(engine, pat, text)?))).collect()
+/// Code points that never change under NFC, whatever surrounds them, as the normalizer
+/// Hugging Face uses decides (only tokenizer.json files normalize: the Oniguruma table).
+fn nfc_safe() -> Vec<u32> {
+    use unicode_normalization_alignments::{char::canonical_combining_class, is_nfc_quick, IsNormalized};
+    (0..0x110000u32)
+        .filter_map(char::from_u32)
+        .filter(|&c| canonical_combining_class(c) == 0 && is_nfc_quick(std::iter::once(c)) == IsNormalized::Yes)
+        .map(|c| c as u32)
+        .collect()
+}
+
+fn build(engine: Engine) -> Res<CharClasses> {
+    let (members, nfc) = match engine {
+        Engine::FancyRegex => (fancy_regex_members()?, Vec::new()),
+        Engine::Onig => std::thread::scope(|sc| {
+            let nfc = sc.spawn(nfc_safe);
+            let members = onig_members()?;
+            Ok::<_, String>((members, nfc.join().map_err(|_| "NFC scan panicked".to_string())?))
+        })?,
     };
-    // Folds: one scan for any of the letters, then each candidate tested on its own.
-    let folds = || -> Res<[Vec<u32>; 8]> {
-        let mut folds: [Vec<u32>; 8] = Default::default();
-        let candidates = matched(engine, "(?i:[stmdlver])+", text)?;
-        for (k, &letter) in FOLD_LETTERS.iter().enumerate() {
-            let pat = format!("(?i:{})", letter as char);
-            let mut ascii = Vec::new();
-            for &cp in &candidates {
-                let one = char::from_u32(cp).expect("scalar value").to_string();
-                if match_ranges(engine, &pat, &one)?.iter().any(|&(a, b)| (a, b) == (0, one.len())) {
-                    if cp < 128 {
-                        ascii.push(cp);
-                    } else {
-                        folds[k].push(cp);
-                    }
-                }
-            }
-            // ASCII folds are assumed to be the plain case pair; check it.
-            if ascii != vec![letter.to_ascii_uppercase() as u32, letter as u32] {
-                return Err(format!("unexpected ASCII case folds of {:?}: {ascii:?}", letter as char));
-            }
-        }
-        Ok(folds)
-    };
-    // A single character matching a two-letter suffix would be a multi-character fold.
-    let multi = || -> Res<bool> {
-        let ranges = match_ranges(engine, "(?i:re|ve|ll)", text)?;
-        Ok(ranges.iter().any(|&(a, b)| text[a..b].chars().count() == 1))
-    };
-    // Only Hugging Face tokenizers normalize (and they use the Oniguruma table).
-    let nfc_safe = || -> Vec<u32> {
-        use unicode_normalization_alignments::{char::canonical_combining_class, is_nfc_quick, IsNormalized};
-        if engine != Engine::Onig {
-            return Vec::new();
-        }
-        text.chars()
-            .filter(|&c| canonical_combining_class(c) == 0 && is_nfc_quick(std::iter::once(c)) == IsNormalized::Yes)
-            .map(|c| c as u32)
-            .collect()
-    };
-    // The scans are independent: run them side by side (about 0.2 s in all on one core).
-    let (a, b, c, (d, e)) = std::thread::scope(|sc| {
-        let a = sc.spawn(|| scan(&[(L, r"\p{L}+"), (N, r"\p{N}+"), (S, r"\s+")]));
-        let b = sc.spawn(|| scan(&[(UP, r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+"), (LO, r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]+")]));
-        let c = sc.spawn(nfc_safe);
-        let rest = (folds(), multi());
-        fn join<T>(h: std::thread::ScopedJoinHandle<'_, T>) -> std::result::Result<T, String> {
-            h.join().map_err(|_| "class scan panicked".to_string())
-        }
-        Ok::<_, String>((join(a)?, join(b)?, join(c)?, rest))
-    })?;
     let mut table = vec![0u8; 0x110000];
-    for (bit, cps) in a?.into_iter().chain(b?) {
-        for cp in cps {
+    for (bit, cps) in &members.classes {
+        for &cp in cps {
             table[cp as usize] |= bit;
         }
     }
-    for cp in c {
+    for cp in nfc {
         table[cp as usize] |= NFC_SAFE;
     }
-    let (folds, multi_char_folds) = (d?, e?);
     let mut ascii = [0u8; 128];
     ascii.copy_from_slice(&table[..128]);
     let mut index = Vec::with_capacity(0x110000 / BLOCK);
@@ -221,7 +283,7 @@ fn build(engine: Engine) -> std::result::Result<CharClasses, String> {
         };
         index.push(id);
     }
-    Ok(CharClasses { ascii, index, blocks, folds, multi_char_folds })
+    Ok(CharClasses { ascii, index, blocks, folds: members.folds, multi_char_folds: members.multi_char_folds })
 }
 
 /// The pre-tokenizer pattern families the scanners implement.
@@ -964,6 +1026,23 @@ mod tests {
                 assert_eq!(pieces(&p, &text), want, "{pattern:?} on {text:?}");
             }
         }
+    }
+
+    /// The classes read from regex-syntax are what fancy-regex itself matches.
+    #[test]
+    fn regex_syntax_classes_equal_fancy_regex_matches() {
+        let text = all_code_points();
+        let m = fancy_regex_members().unwrap();
+        for ((bit, cps), (bit2, pat)) in m.classes.iter().zip(CLASSES) {
+            assert_eq!(*bit, bit2);
+            assert_eq!(*cps, matched(Engine::FancyRegex, &format!("{pat}+"), &text).unwrap(), "{pat}");
+        }
+        for (k, &letter) in FOLD_LETTERS.iter().enumerate() {
+            let pat = format!("(?i:{})", letter as char);
+            let scanned: Vec<u32> = matched(Engine::FancyRegex, &pat, &text).unwrap().into_iter().filter(|&c| c >= 128).collect();
+            assert_eq!(m.folds[k], scanned, "{pat}");
+        }
+        assert!(match_ranges(Engine::FancyRegex, "(?i:re|ve|ll)", &text).unwrap().iter().all(|&(a, b)| b - a >= 2));
     }
 
     #[test]
