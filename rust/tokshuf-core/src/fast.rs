@@ -153,20 +153,6 @@ thread_local! {
 
 static NEXT_UID: AtomicU64 = AtomicU64::new(1);
 
-/// Memo (hits, misses, long hits, long misses) of this thread, summed over tokenizers.
-#[cfg(feature = "cache-stats")]
-pub fn cache_stats() -> [u64; 4] {
-    STATES.with(|c| {
-        let mut t = [0; 4];
-        for s in c.borrow().iter() {
-            for k in 0..4 {
-                t[k] += s.cache.stats[k];
-            }
-        }
-        t
-    })
-}
-
 pub struct FastEncoder {
     uid: u64,
     pretok: PreTokenizer,
