@@ -360,18 +360,23 @@ mod tests {
         MergeBpe::from_model(&serde_json::json!({"vocab": vocab, "merges": list})).unwrap()
     }
 
+    /// `len` letters of "abc", pseudo-random from `seed`.
+    fn random_abc(seed: &mut u64, len: usize) -> Vec<u8> {
+        (0..len)
+            .map(|_| {
+                *seed = crate::hash::mix64(*seed + 1);
+                b"abc"[(*seed % 3) as usize]
+            })
+            .collect()
+    }
+
     #[test]
     fn heap_and_scan_agree() {
         // Overlapping merges with competing ranks, and two pairs giving the same string.
         let bpe = toy(&[("a", "b"), ("b", "c"), ("ab", "c"), ("a", "bc"), ("a", "a"), ("aa", "aa"), ("c", "a"), ("ca", "b")]);
         let mut seed = 3u64;
         for len in 2..=HEAP_THRESHOLD {
-            let piece: Vec<u8> = (0..len)
-                .map(|_| {
-                    seed = crate::hash::mix64(seed + 1);
-                    b"abc"[(seed % 3) as usize]
-                })
-                .collect();
+            let piece = random_abc(&mut seed, len);
             let (mut x, mut y) = (vec![], vec![]);
             bpe.merge_scan(&piece, &mut x);
             bpe.merge_heap(&piece, &mut y);
@@ -393,12 +398,7 @@ mod tests {
         let bpe = MergeBpe::from_tiktoken(reference.clone());
         let mut seed = 5u64;
         for len in 1..300 {
-            let piece: Vec<u8> = (0..len)
-                .map(|_| {
-                    seed = crate::hash::mix64(seed + 1);
-                    b"abc"[(seed % 3) as usize]
-                })
-                .collect();
+            let piece = random_abc(&mut seed, len);
             let (mut x, mut y) = (vec![], vec![]);
             bpe.encode_piece(&piece, &mut x);
             reference.encode_piece(&piece, &mut y);

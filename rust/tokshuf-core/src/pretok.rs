@@ -837,7 +837,6 @@ impl<'a> Scanner<'a> {
 
     #[inline(never)]
     fn llama3_general(&self, i: usize, max_digits: usize) -> Option<usize> {
-        let n = self.b.len();
         if let Some(e) = self.contraction_ci(i) {
             return Some(e);
         }
@@ -845,10 +844,18 @@ impl<'a> Scanner<'a> {
         if let Some(e) = self.letters_with_prefix(c, cls, i, nx) {
             return Some(e);
         }
+        self.digits_punct_space(c, cls, i, nx, max_digits, b"\r\n")
+    }
+
+    /// `\p{N}{1,max_digits}| ?[^\s\p{L}\p{N}]+[tail]*|\s*[\r\n]+|\s+(?!\S)|\s+`: the
+    /// alternatives Llama 3 and o200k share after their letter rules.
+    #[inline(always)]
+    fn digits_punct_space(&self, c: u32, cls: u8, i: usize, nx: usize, max_digits: usize, tail: &[u8]) -> Option<usize> {
+        let n = self.b.len();
         if cls & N != 0 {
             return Some(self.digits(i, max_digits));
         }
-        if let Some(e) = self.punct(c, cls, i, nx, b"\r\n") {
+        if let Some(e) = self.punct(c, cls, i, nx, tail) {
             return Some(e);
         }
         if cls & S == 0 {
@@ -928,24 +935,8 @@ impl<'a> Scanner<'a> {
         if let Some(e) = self.upper_run_then_lower(i) {
             return Some(e);
         }
-        // 3
-        if cls & N != 0 {
-            return Some(self.digits(i, 3));
-        }
-        // 4
-        if let Some(e) = self.punct(c, cls, i, nx, b"\r\n/") {
-            return Some(e);
-        }
-        if cls & S == 0 {
-            return None;
-        }
-        let r = self.ws_run(i);
-        // 5
-        if let Some(e) = r.last_newline_end {
-            return Some(e);
-        }
-        // 6, 7
-        Some(if r.end == n { n } else if r.chars >= 2 { r.last_start } else { nx })
+        // 3 to 7
+        self.digits_punct_space(c, cls, i, nx, 3, b"\r\n/")
     }
 
     /// `[UP]*[LO]+C?` from `s`: the greedy `[UP]*` gives back characters until `[LO]+` can

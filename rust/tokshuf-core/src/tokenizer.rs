@@ -107,23 +107,9 @@ fn choose(
 // ---------------------------------------------------------------------------------------
 // tiktoken
 
-const R50K_PAT: &str = r"'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s";
-const CL100K_PAT: &str = r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s";
-const O200K_PAT: &str = concat!(
-    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
-    "|",
-    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
-    "|",
-    r"\p{N}{1,3}",
-    "|",
-    r" ?[^\s\p{L}\p{N}]+[\r\n/]*",
-    "|",
-    r"\s*[\r\n]+",
-    "|",
-    r"\s+(?!\S)",
-    "|",
-    r"\s+",
-);
+// tiktoken's pre-tokenizer patterns, as in tiktoken_ext.openai_public (the fast scanners
+// recognise them by this exact text).
+use crate::pretok::{CL100K as CL100K_PAT, GPT2_TIKTOKEN as R50K_PAT, O200K as O200K_PAT};
 
 struct TiktokenSpec {
     data: &'static [u8],
