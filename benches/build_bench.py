@@ -1,24 +1,41 @@
-"""End-to-end build throughput against the raw speed of the reference tokenizers.
+"""End-to-end build throughput against the reference tokenizers and gigatoken.
 
-For each tokenizer (GPT-NeoX-20B tokenizer.json, tiktoken cl100k_base), on the same input
-files and the same number of threads, median of ``--runs`` runs, each in its own process:
+For each tokenizer (``--tokenizers``: neox = tests/data/gpt-neox-20b.json, cl100k, r50k,
+o200k = ``tiktoken:NAME_base``), on the same input files and the same number of threads,
+median of ``--runs`` runs, each measurement in its own process:
 
-- ``build``: ``tokshuf.build_cache`` end to end (read, decompress, tokenize, window, shuffle,
-  write): MB/s of document text (UTF-8 bytes of the text fields, as tokshuf.json's
+- ``build``: ``tokshuf.build_cache`` end to end (read, decompress, parse JSON, tokenize,
+  window, shuffle, write) with ``tokenizer_backend="auto"`` (the fast backend where it is
+  exact): MB/s of document text (UTF-8 bytes of the text fields, as tokshuf.json's
   ``text_bytes``), tokens/s, peak RSS of the process (``wait4`` ru_maxrss and tokshuf.json's
-  ``build.peak_rss_bytes``) and the time of each stage (``build.durations``).
-- ``reference``: the Python reference on the same documents, already in memory, timing only
-  the encode calls: HF ``tokenizers`` ``encode_batch_fast(add_special_tokens=False)`` with
-  ``encode_special_tokens = True`` for NeoX (threads via ``RAYON_NUM_THREADS``), tiktoken
-  ``encode_ordinary_batch(num_threads=N)`` for cl100k.
+  ``build.peak_rss_bytes``) and the time of each stage (``build.durations``); its ratio to
+  the reference library and to gigatoken.
+- ``--scaling`` (default when ``--threads`` > 1; ``--no-scaling`` skips it): the same build
+  with 1 thread, and the 1 -> N speed-up.
+- ``--with-reference-backend``: the same build with ``tokenizer_backend="reference"``.
+- Baselines (``--no-reference`` skips them), with ``RAYON_NUM_THREADS`` set to ``--threads``:
+  ``reference``: the Python reference library on the same documents, already in memory,
+  timing only the encode calls: HF ``tokenizers`` ``encode_batch_fast(add_special_tokens=False)``
+  with ``encode_special_tokens = True`` for NeoX, tiktoken ``encode_ordinary_batch(num_threads=N)``
+  for the tiktoken encodings. ``gigatoken`` (``pip install gigatoken``), the speed anchor:
+  ``Tokenizer.encode_files(JsonlFileSource(files, field="text"))`` timed alone, so it reads
+  its (plain .jsonl) files itself; a missing gigatoken is reported, not an error.
 
-Writes a markdown table (machine, command, results) to stdout and to ``--out``.
+Each run does build, 1-thread build, reference-backend build, reference, gigatoken in turn,
+so drifting machine load hits all of them alike. Also printed: the bound on the fast
+backend's memos. Writes a markdown report (machine, command, results, stage times) to
+stdout and to ``--out``.
 
-    python benches/build_bench.py                          # subset100m, all cores, 3 runs
-    python benches/build_bench.py --input /work/corpus/out/jsonl.zst --threads 2 --runs 5
-    python benches/build_bench.py --input /work/corpus/out/subset100m/jsonl/part-00.jsonl --runs 1  # smoke
+    python benches/build_bench.py                          # subset100m, neox + cl100k, all cores, 3 runs
+    python benches/build_bench.py --smoke                  # ~3 MB, one run: checks the script
+    python benches/build_bench.py --tokenizers neox,cl100k,r50k,o200k --threads 2 --runs 5
+    python benches/build_bench.py --input /work/corpus/jsonl.zst --with-reference-backend --no-scaling
 
-Run it on a quiet machine: other processes distort every number here.
+The default input is ``$TOKSHUF_CORPUS/subset100m/jsonl`` (the corpus folder made by
+../shared/corpus/make_corpus.py), else /work/corpus/subset100m/jsonl.
+
+Run it on a quiet machine: other processes distort every number here. No assertions: it
+measures, it does not check.
 """
 
 from __future__ import annotations
@@ -37,17 +54,25 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-DEFAULT_INPUT = "/work/corpus/out/subset100m/jsonl"
+DEFAULT_INPUT = str(Path(os.environ.get("TOKSHUF_CORPUS") or "/work/corpus") / "subset100m" / "jsonl")
 TOKENIZERS = {
     "neox": str(ROOT / "tests" / "data" / "gpt-neox-20b.json"),
     "cl100k": "tiktoken:cl100k_base",
+    "r50k": "tiktoken:r50k_base",
+    "o200k": "tiktoken:o200k_base",
 }
 REF_BATCH_DOCS = 512  # documents per reference encode call (bounds the memory of HF Encodings)
+SMOKE_BYTES = 3 << 20  # --smoke: about this much of the first input file
+# The fast backend's memo per thread and tokenizer: 2^18 slots of 32 bytes (CACHE_BITS in
+# rust/tokshuf-core/src/fast.rs) plus at most 4 MiB of long pieces (LONG_BUDGET in
+# rust/tokshuf-core/src/piece_cache.rs).
+MEMO_SLOT_BYTES = (1 << 18) * 32
+MEMO_LONG_BYTES = 4 << 20
 
 
 # --------------------------------------------------------------------------------------
@@ -61,7 +86,8 @@ def child_build(args) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     t0 = time.perf_counter()
     stats = tokshuf.build_cache(args.input, out, tokenizer=TOKENIZERS[args.tokenizer], threads=args.threads,
-                                seqlen=args.seqlen, format=args.format, progress=False)
+                                seqlen=args.seqlen, format=args.format, progress=False,
+                                tokenizer_backend=args.backend)
     wall = time.perf_counter() - t0
     m = stats.metadata
     result = {
@@ -80,20 +106,23 @@ def child_build(args) -> dict:
     return result
 
 
+def open_text(path: str):
+    """A text stream of one input file, decompressed by its extension."""
+    if path.endswith(".gz"):
+        return io.TextIOWrapper(gzip.open(path), encoding="utf-8")
+    if path.endswith((".zst", ".zstd")):
+        import zstandard
+
+        return io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(open(path, "rb")), encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
 def read_texts(paths: List[str]) -> List[str]:
     from tokshuf._inputs import expand_inputs
 
     texts = []
     for path in expand_inputs(paths):
-        if path.endswith(".gz"):
-            f = io.TextIOWrapper(gzip.open(path), encoding="utf-8")
-        elif path.endswith((".zst", ".zstd")):
-            import zstandard
-
-            f = io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(open(path, "rb")), encoding="utf-8")
-        else:
-            f = open(path, encoding="utf-8")
-        with f:
+        with open_text(path) as f:
             for line in f:
                 if line.strip():
                     text = json.loads(line).get("text")
@@ -123,7 +152,7 @@ def child_reference(args) -> dict:
         import tiktoken
         import tokref
 
-        enc = tokref.tiktoken_reference("cl100k_base")
+        enc = tokref.tiktoken_reference(TOKENIZERS[args.tokenizer].split(":", 1)[1])
         for batch in batches:
             t0 = time.perf_counter()
             ids = enc.encode_ordinary_batch(batch, num_threads=args.threads)
@@ -134,19 +163,64 @@ def child_reference(args) -> dict:
             "what": what}
 
 
+def child_gigatoken(args) -> dict:
+    from tokshuf._inputs import expand_inputs
+
+    try:
+        import awkward as ak
+        import gigatoken as gt
+    except ImportError as e:
+        return {"skipped": f"gigatoken not installed ({e.name})"}
+    files = expand_inputs(args.input)
+    if not all(f.endswith(".jsonl") for f in files):
+        return {"skipped": "gigatoken reads plain .jsonl inputs only"}
+    texts = read_texts(files)
+    text_bytes = sum(len(t.encode("utf-8")) for t in texts)
+    del texts
+    spec = TOKENIZERS[args.tokenizer]
+    if spec.startswith("tiktoken:"):
+        import tokref
+
+        # from_tiktoken takes the encoding's pattern and special tokens from the file's name.
+        name = spec.split(":", 1)[1]
+        path = Path(args.workdir) / f"{name}.tiktoken"
+        path.write_bytes(gzip.decompress((tokref.EMBEDDED / f"{name}.tiktoken.gz").read_bytes()))
+        tok = gt.Tokenizer.from_tiktoken(str(path))
+    else:
+        tok = gt.Tokenizer(spec)
+    t0 = time.perf_counter()
+    arr = tok.encode_files(gt.JsonlFileSource(files, field="text"))
+    seconds = time.perf_counter() - t0
+    tokens = int(ak.sum(ak.num(arr, axis=1)))
+    try:
+        import importlib.metadata
+
+        version = importlib.metadata.version("gigatoken")
+    except Exception:  # noqa: BLE001 - the version is only shown
+        version = "?"
+    return {"encode_s": seconds, "text_bytes": text_bytes, "num_tokens": tokens, "num_documents": len(arr),
+            "what": f"gigatoken {version} encode_files"}
+
+
 # --------------------------------------------------------------------------------------
 # Parent: run children, collect medians, write the table.
 
 
-def run_child(kind: str, args, tokenizer: str) -> dict:
-    cmd = [sys.executable, __file__, "--child", kind, "--tokenizer-one", tokenizer, "--threads", str(args.threads),
-           "--seqlen", str(args.seqlen), "--format", args.format, "--workdir", args.workdir, "--input", *args.input]
-    env = dict(os.environ, RAYON_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="true")
+def run_child(kind: str, args, tokenizer: str, threads: Optional[int] = None, backend: str = "auto",
+              may_fail: bool = False) -> dict:
+    threads = threads or args.threads
+    cmd = [sys.executable, __file__, "--child", kind, "--tokenizer-one", tokenizer, "--threads", str(threads),
+           "--backend", backend, "--seqlen", str(args.seqlen), "--format", args.format, "--workdir", args.workdir,
+           "--input", *args.input]
+    env = dict(os.environ, RAYON_NUM_THREADS=str(threads), RAYON_RS_NUM_CPUS=str(threads),
+               TOKENIZERS_PARALLELISM="true")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env)
     out = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
+        if may_fail:
+            return {"skipped": f"failed (exit {proc.returncode})"}
         raise SystemExit(f"{kind} {tokenizer} failed (exit {proc.returncode})")
     result = json.loads(out)
     result["ru_maxrss_bytes"] = usage.ru_maxrss * 1024  # KiB on Linux
@@ -154,6 +228,8 @@ def run_child(kind: str, args, tokenizer: str) -> dict:
 
 
 def machine_info() -> Dict[str, str]:
+    import importlib.metadata
+
     model = platform.processor()
     try:
         for line in open("/proc/cpuinfo"):
@@ -170,9 +246,9 @@ def machine_info() -> Dict[str, str]:
     except OSError:
         pass
     versions = {}
-    for mod in ("tokshuf", "tokenizers", "tiktoken"):
+    for mod in ("tokshuf", "tokenizers", "tiktoken", "gigatoken"):
         try:
-            versions[mod] = __import__(mod).__version__
+            versions[mod] = importlib.metadata.version(mod)
         except Exception:  # noqa: BLE001 - a missing module is just not reported
             versions[mod] = "?"
     try:
@@ -192,8 +268,20 @@ def machine_info() -> Dict[str, str]:
     }
 
 
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
 def med(values) -> float:
     return statistics.median(values)
+
+
+def mbs(x: dict) -> float:
+    return x["text_bytes"] / 1e6 / x.get("wall_s", x.get("encode_s"))
+
+
+def tps(x: dict) -> float:
+    return x["num_tokens"] / 1e6 / x.get("wall_s", x.get("encode_s"))
 
 
 def report(args, results: Dict[str, dict]) -> str:
@@ -204,84 +292,163 @@ def report(args, results: Dict[str, dict]) -> str:
         "| machine | |",
         "|---|---|",
         *[f"| {k} | {v} |" for k, v in info.items()],
-        f"| threads | {args.threads} (builds and references alike) |",
-        f"| input | {', '.join(args.input)} |",
+        f"| threads | {args.threads} (builds and baselines alike){'; builds also with 1' if args.scaling else ''} |",
+        f"| input | {', '.join(args.input)}{' (--smoke)' if args.smoke else ''} |",
         f"| runs | {args.runs} per measurement, median reported |",
         "",
         "Command: `" + " ".join([Path(sys.executable).name, *sys.argv]) + "`",
         "",
-        "| tokenizer | what | MB/s of text | Mtokens/s | vs reference | peak RSS | seconds |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| tokenizer | what | threads | MB/s of text | Mtokens/s | vs reference | vs gigatoken | peak RSS | seconds | notes |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
+    nan = float("nan")
     for name, r in results.items():
-        builds, refs = r["build"], r["reference"]
-        b_mbs = med([x["text_bytes"] / 1e6 / x["wall_s"] for x in builds])
-        b_tps = med([x["num_tokens"] / 1e6 / x["wall_s"] for x in builds])
-        rss = max(x["ru_maxrss_bytes"] for x in builds) / 2**20
-        own_rss = max((x["peak_rss_bytes"] or 0) for x in builds) / 2**20
-        r_mbs = med([x["text_bytes"] / 1e6 / x["encode_s"] for x in refs]) if refs else float("nan")
-        r_tps = med([x["num_tokens"] / 1e6 / x["encode_s"] for x in refs]) if refs else float("nan")
-        lines.append(f"| {name} | tokshuf build_cache end to end ({builds[0]['backend']}) | {b_mbs:.2f} | {b_tps:.2f} | "
-                     f"{b_mbs / r_mbs:.2f}x | {rss:.0f} MiB (own {own_rss:.0f}) | {med([x['wall_s'] for x in builds]):.2f} |")
-        if refs:
-            lines.append(f"| {name} | reference: {refs[0]['what']} (encode only) | {r_mbs:.2f} | {r_tps:.2f} | 1.00x | "
-                         f"{max(x['ru_maxrss_bytes'] for x in refs) / 2**20:.0f} MiB | "
-                         f"{med([x['encode_s'] for x in refs]):.2f} |")
+        ref = [x for x in r["reference"] if "skipped" not in x]
+        giga = [x for x in r["gigatoken"] if "skipped" not in x]
+        ref_mbs = med([mbs(x) for x in ref]) if ref else nan
+        giga_mbs = med([mbs(x) for x in giga]) if giga else nan
+        n_mbs = med([mbs(x) for x in r["build"]])
+
+        def ratio(v: float, base: float) -> str:
+            return "-" if base != base else f"{v / base:.2f}x"
+
+        for key, threads in (("build", args.threads), ("build_1", 1), ("build_ref", args.threads)):
+            builds = r[key]
+            if not builds:
+                continue
+            b_mbs = med([mbs(x) for x in builds])
+            rss = max(x["ru_maxrss_bytes"] for x in builds) / 2**20
+            own_rss = max((x["peak_rss_bytes"] or 0) for x in builds) / 2**20
+            note = f"1->{args.threads} threads speed-up {n_mbs / b_mbs:.2f}x" if key == "build_1" else ""
+            backend = builds[0]["backend"] + (', tokenizer_backend="reference"' if key == "build_ref" else "")
+            lines.append(f"| {name} | tokshuf build_cache end to end ({backend}) | {threads} | "
+                         f"{b_mbs:.2f} | {med([tps(x) for x in builds]):.2f} | {ratio(b_mbs, ref_mbs)} | "
+                         f"{ratio(b_mbs, giga_mbs)} | {rss:.0f} MiB (own {own_rss:.0f}) | "
+                         f"{med([x['wall_s'] for x in builds]):.2f} | {note} |")
+        for key, label, rows in (("reference", "reference", r["reference"]),
+                                 ("gigatoken", "anchor", r["gigatoken"])):
+            if not rows:
+                continue
+            done = [x for x in rows if "skipped" not in x]
+            if not done:
+                lines.append(f"| {name} | {label}: {key} | {args.threads} | - | - | - | - | - | - | "
+                             f"{rows[0]['skipped']} |")
+                continue
+            v = med([mbs(x) for x in done])
+            lines.append(f"| {name} | {label}: {done[0]['what']} (encode only) | {args.threads} | {v:.2f} | "
+                         f"{med([tps(x) for x in done]):.2f} | {ratio(v, ref_mbs)} | {ratio(v, giga_mbs)} | "
+                         f"{max(x['ru_maxrss_bytes'] for x in done) / 2**20:.0f} MiB | "
+                         f"{med([x['encode_s'] for x in done]):.2f} | |")
     # Stage times, in the order the build runs them.
     order = {"tokenize_s": 0, "plan_s": 1, "write_s": 2}
-    stages = sorted({k for r in results.values() for x in r["build"] for k in x["durations"]},
+    keys = ("build", "build_1", "build_ref")
+    stages = sorted({k for r in results.values() for key in keys for x in r[key] for k in x["durations"]},
                     key=lambda k: (order.get(k, 9), k))
     lines += ["", "Stage times of the builds (median seconds, `build.durations` in tokshuf.json):", "",
-              "| tokenizer | " + " | ".join(k.removesuffix("_s") for k in stages) + " | total |",
-              "|---|" + "---:|" * (len(stages) + 1)]
+              "| tokenizer | backend | threads | " + " | ".join(k.removesuffix("_s") for k in stages) + " | total |",
+              "|---|---|---:|" + "---:|" * (len(stages) + 1)]
     for name, r in results.items():
-        builds = r["build"]
-        cells = [f"{med([x['durations'].get(k, 0.0) for x in builds]):.2f}" for k in stages]
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {med([x['total_s'] for x in builds]):.2f} |")
+        for key, threads in (("build", args.threads), ("build_1", 1), ("build_ref", args.threads)):
+            builds = r[key]
+            if not builds:
+                continue
+            cells = [f"{med([x['durations'].get(k, 0.0) for x in builds]):.2f}" for k in stages]
+            lines.append(f"| {name} | {builds[0]['backend']} | {threads} | " + " | ".join(cells)
+                         + f" | {med([x['total_s'] for x in builds]):.2f} |")
     docs = {name: r["build"][0]["num_documents"] for name, r in results.items()}
     text = {name: r["build"][0]["text_bytes"] for name, r in results.items()}
-    lines += ["", f"Documents: {docs}; text bytes: {text}. The reference columns time only the encode calls on "
-              "documents already in memory; the build includes reading, JSON parsing, decompression, windowing, "
-              "shuffling and writing."]
+    memo = (MEMO_SLOT_BYTES + MEMO_LONG_BYTES) / 2**20
+    lines += ["", f"Documents: {docs}; text bytes: {text}. The reference rows time only the encode calls on "
+              "documents already in memory; gigatoken's only its `encode_files` call (it reads the files "
+              "itself); the build includes reading, JSON parsing, decompression, windowing, shuffling and "
+              "writing.", "",
+              f"Fast backend memo bound: 2^18 slots x 32 bytes = {MEMO_SLOT_BYTES / 2**20:.0f} MiB per thread "
+              f"and tokenizer, plus at most {MEMO_LONG_BYTES / 2**20:.0f} MiB of long pieces per thread "
+              f"(CACHE_BITS in rust/tokshuf-core/src/fast.rs, LONG_BUDGET in rust/tokshuf-core/src/piece_cache.rs): "
+              f"at most {memo:.0f} MiB x {plural(args.threads, 'thread')} = {memo * args.threads:.0f} MiB per tokenizer."]
     return "\n".join(lines) + "\n"
+
+
+def make_smoke_input(args) -> str:
+    """About SMOKE_BYTES of whole lines of the first input file, as plain jsonl in the workdir."""
+    from tokshuf._inputs import expand_inputs
+
+    first = expand_inputs(args.input)[0]
+    path = Path(args.workdir) / "smoke.jsonl"
+    budget = SMOKE_BYTES
+    with open_text(first) as src, open(path, "w", encoding="utf-8") as dst:
+        for line in src:
+            dst.write(line)
+            budget -= len(line.encode("utf-8"))
+            if budget <= 0:
+                break
+    return str(path)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--input", nargs="+", default=[DEFAULT_INPUT], help="input files or folders (default subset100m)")
-    p.add_argument("--tokenizers", default="neox,cl100k", help="comma-separated: neox, cl100k")
-    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    p.add_argument("--input", nargs="+", default=[DEFAULT_INPUT],
+                   help=f"input files or folders (default {DEFAULT_INPUT}, from $TOKSHUF_CORPUS)")
+    p.add_argument("--tokenizers", default="neox,cl100k", help=f"comma-separated: {', '.join(TOKENIZERS)}")
+    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="default: all usable cores")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--seqlen", type=int, default=2049)
     p.add_argument("--format", default="npy")
-    p.add_argument("--no-reference", action="store_true", help="only the builds")
+    p.add_argument("--scaling", action=argparse.BooleanOptionalAction, default=None,
+                   help="also build with 1 thread and report the 1->N speed-up (default: on when --threads > 1)")
+    p.add_argument("--with-reference-backend", action="store_true",
+                   help='also build with tokenizer_backend="reference" (slow)')
+    p.add_argument("--no-reference", action="store_true", help="only the builds: no reference library, no gigatoken")
+    p.add_argument("--smoke", action="store_true", help="~3 MB of the first input file and one run: checks the script")
     p.add_argument("--workdir", default=None, help="scratch folder for the caches (default: a temp folder)")
     p.add_argument("--out", default=None, help="also write the markdown here")
-    p.add_argument("--child", choices=["build", "reference"], help=argparse.SUPPRESS)
+    p.add_argument("--child", choices=["build", "reference", "gigatoken"], help=argparse.SUPPRESS)
     p.add_argument("--tokenizer-one", help=argparse.SUPPRESS)
+    p.add_argument("--backend", default="auto", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         args.tokenizer = args.tokenizer_one
-        result = child_build(args) if args.child == "build" else child_reference(args)
-        print(json.dumps(result))
+        child = {"build": child_build, "reference": child_reference, "gigatoken": child_gigatoken}[args.child]
+        print(json.dumps(child(args)))
         return
+    names = args.tokenizers.split(",")
+    unknown = [n for n in names if n not in TOKENIZERS]
+    if unknown:
+        p.error(f"unknown tokenizers {unknown}; choose from {', '.join(TOKENIZERS)}")
+    if args.scaling is None:
+        args.scaling = args.threads > 1
+    elif args.scaling and args.threads == 1:
+        print("--scaling with --threads 1: nothing to compare, skipped", file=sys.stderr)
+        args.scaling = False
     own_tmp = args.workdir is None
     args.workdir = args.workdir or tempfile.mkdtemp(prefix="tokshuf-bench-")
     try:
+        if args.smoke:
+            args.input, args.runs = [make_smoke_input(args)], 1
         results = {}
-        for name in args.tokenizers.split(","):
-            results[name] = {"build": [], "reference": []}
+        for name in names:
+            r = results[name] = {"build": [], "build_1": [], "build_ref": [], "reference": [], "gigatoken": []}
             for run in range(args.runs):
-                # Alternate build and reference so drifting machine load hits both alike.
-                b = run_child("build", args, name)
-                results[name]["build"].append(b)
-                print(f"[{name} run {run + 1}/{args.runs}] build {b['wall_s']:.2f} s "
-                      f"({b['text_bytes'] / 1e6 / b['wall_s']:.2f} MB/s)", file=sys.stderr)
+                # Alternate builds and baselines so drifting machine load hits all alike.
+                tag = f"[{name} run {run + 1}/{args.runs}]"
+                steps = [("build", "build", args.threads, "auto")]
+                if args.scaling:
+                    steps.append(("build_1", "build", 1, "auto"))
+                if args.with_reference_backend:
+                    steps.append(("build_ref", "build", args.threads, "reference"))
                 if not args.no_reference:
-                    r = run_child("reference", args, name)
-                    results[name]["reference"].append(r)
-                    print(f"[{name} run {run + 1}/{args.runs}] reference {r['encode_s']:.2f} s "
-                          f"({r['text_bytes'] / 1e6 / r['encode_s']:.2f} MB/s)", file=sys.stderr)
+                    steps += [("reference", "reference", args.threads, "auto"),
+                              ("gigatoken", "gigatoken", args.threads, "auto")]
+                for key, kind, threads, backend in steps:
+                    x = run_child(kind, args, name, threads=threads, backend=backend, may_fail=kind == "gigatoken")
+                    r[key].append(x)
+                    if "skipped" in x:
+                        print(f"{tag} {key}: {x['skipped']}", file=sys.stderr)
+                    else:
+                        secs = x.get("wall_s", x.get("encode_s"))
+                        what = x.get("backend") or x.get("what", "")
+                        print(f"{tag} {key} {what} {plural(threads, 'thread')}: {secs:.2f} s ({mbs(x):.2f} MB/s)",
+                              file=sys.stderr)
         text = report(args, results)
         print(text)
         if args.out:

@@ -28,7 +28,7 @@
 //! fit inside our own worker pool and after fork, and still not usable for r50k/p50k. So
 //! tokshuf has its own, exact by construction (below) and linear on worst cases (1 MB of
 //! one letter or one space run: 0.15-0.25 s, like fastokens; tiktoken's merge is quadratic).
-//! End to end on the 100 MB subset, 2 threads (benches/tokenize_bench.py, same quiet
+//! End to end on the 100 MB subset, 2 threads (benches/build_bench.py, same quiet
 //! machine, before the memo grew to 2^18 slots): NeoX 76.5 MB/s (HF encode_batch_fast 3.1,
 //! gigatoken 122), cl100k 80.9 MB/s (tiktoken 12.4, gigatoken 131).
 //! Whole corpus (504 MB, 56 k documents), `check-tokenizer`: 0 documents differ for NeoX,
