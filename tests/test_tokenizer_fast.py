@@ -166,8 +166,8 @@ def test_allow_special_tokens_fast_equals_plain_encode():
 
 
 # --------------------------------------------------------------------------------------
-# Character classes: computed by the engine each reference uses, equal to what the
-# reference libraries' own engines say.
+# Character classes: one table (regex-syntax's), equal to what both reference libraries'
+# own regex engines say.
 
 ALL_CODE_POINTS = [c for c in range(0x110000) if not 0xD800 <= c < 0xE000]
 CLASS_PATTERNS = {
@@ -199,7 +199,7 @@ def onig_members(pattern: str, code_points) -> set:
 
 
 def check_classes(engine: str, code_points):
-    ours = dict(_core._fast_char_classes(engine))
+    ours = dict(_core._fast_char_classes())
     members = tiktoken_members if engine == "fancy-regex" else onig_members
     wanted = set(code_points)
     for name, pattern in CLASS_PATTERNS.items():
@@ -209,13 +209,8 @@ def check_classes(engine: str, code_points):
 
 
 def class_sample():
-    """Every 17th code point, all of the first 0x3100 and the general punctuation block,
-    and wherever the two engines disagree."""
-    diff = set()
-    a, b = dict(_core._fast_char_classes("fancy-regex")), dict(_core._fast_char_classes("onig"))
-    for name in CLASS_PATTERNS:
-        diff |= set(a[name]) ^ set(b[name])
-    return sorted(set(ALL_CODE_POINTS[::17]) | set(range(0x3100)) | set(range(0xFE00, 0xFF00)) | diff)
+    """Every 17th code point, and all of the first 0x3100 and the general punctuation block."""
+    return sorted(set(ALL_CODE_POINTS[::17]) | set(range(0x3100)) | set(range(0xFE00, 0xFF00)))
 
 
 @pytest.mark.parametrize("engine", ["fancy-regex", "onig"])
@@ -233,7 +228,7 @@ def test_nfc_safe_characters_never_change():
     from tokenizers import normalizers
 
     nfc = normalizers.NFC()
-    safe = dict(_core._fast_char_classes("onig"))["NFC_SAFE"]
+    safe = dict(_core._fast_char_classes())["NFC_SAFE"]
     text = "".join(map(chr, safe))
     assert nfc.normalize_str(text) == text
     # ...and the ones left out include what NFC does change.

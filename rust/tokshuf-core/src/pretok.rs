@@ -3,12 +3,13 @@
 //!
 //! Exactness rests on two things:
 //! - Character classes (`\p{L}`, `\p{N}`, `\s`, o200k's case classes, `(?i)` letter folds)
-//!   are not taken from our own Unicode tables but from *the reference's own regex engine*,
-//!   once per process: for the tiktoken encodings, the classes of regex-syntax, the parser
-//!   under fancy-regex (as tiktoken uses); for tokenizer.json files, Oniguruma (as Hugging
-//!   Face uses) run over every code point through the `tokenizers` crate. The two agree on
-//!   every code point today (the tests check both against the Python libraries), but
-//!   nothing keeps their Unicode versions in step, so each reference gets its own table.
+//!   are not our own Unicode tables but those of the reference engines: read from
+//!   regex-syntax, the parser under fancy-regex, which is tiktoken's engine. Oniguruma
+//!   (Hugging Face's engine) agrees with them on every code point: a unit test runs the
+//!   `tokenizers` crate's Oniguruma over all of them, and the Python tests check the table
+//!   against Python tiktoken and tokenizers themselves. A version bump that breaks the
+//!   agreement fails those tests. (Scanning Oniguruma at run time instead cost 0.2 s of
+//!   every NeoX build.)
 //! - Each scanner follows the backtracking order of its pattern, alternative by alternative;
 //!   the comments next to each branch name the alternative it implements. Patterns are
 //!   recognised by their exact text; anything else is not handled here.
@@ -28,13 +29,12 @@ pub const S: u8 = 4; // \s
 pub const UP: u8 = 8; // [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]
 pub const LO: u8 = 16; // [\p{Ll}\p{Lm}\p{Lo}\p{M}]
 /// NFC quick check is Yes and the canonical combining class is 0: such a character never
-/// changes under NFC, whatever surrounds it (set from the normalizer Hugging Face uses, in
-/// the Oniguruma table only: tiktoken does not normalize).
+/// changes under NFC, whatever surrounds it (from the normalizer Hugging Face uses).
 pub const NFC_SAFE: u8 = 32;
 
 const BLOCK: usize = 128;
 
-/// Which regex engine a class table reproduces.
+/// The regex engine whose matches a scanner reproduces.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Engine {
     /// fancy-regex / regex-syntax, the engine of tiktoken.
@@ -49,11 +49,9 @@ pub struct CharClasses {
     ascii: [u8; 128],
     index: Vec<u16>,
     blocks: Vec<u8>,
-    /// Code points matching `(?i:x)` for x in `FOLD_LETTERS`.
+    /// Non-ASCII code points matching `(?i:x)` for x in `FOLD_LETTERS`. Folds are simple
+    /// (one character to one), so no single character matches a two-letter suffix.
     folds: [Vec<u32>; 8],
-    /// Some single character matches a whole two-letter contraction suffix under `(?i)`
-    /// (a multi-character fold): the case-insensitive scanners cannot be used then.
-    pub multi_char_folds: bool,
 }
 
 const FOLD_LETTERS: [u8; 8] = *b"stmdlver";
@@ -92,19 +90,14 @@ impl CharClasses {
         v
     }
 
-    /// The table of `engine`, computed on first use and shared by the whole process.
-    pub fn for_engine(engine: Engine) -> Result<Arc<CharClasses>> {
-        static FANCY: OnceLock<std::result::Result<Arc<CharClasses>, String>> = OnceLock::new();
-        static ONIG: OnceLock<std::result::Result<Arc<CharClasses>, String>> = OnceLock::new();
-        let cell = match engine {
-            Engine::FancyRegex => &FANCY,
-            Engine::Onig => &ONIG,
-        };
-        cell.get_or_init(|| build(engine).map(Arc::new)).clone().map_err(Error::Tokenizer)
+    /// The table, built on first use (about 20 ms) and shared by the whole process.
+    pub fn shared() -> Result<Arc<CharClasses>> {
+        static TABLE: OnceLock<std::result::Result<Arc<CharClasses>, String>> = OnceLock::new();
+        TABLE.get_or_init(|| build().map(Arc::new)).clone().map_err(Error::Tokenizer)
     }
 }
 
-/// The one-character classes of the table; `+` is appended for scanning.
+/// The one-character classes of the table.
 const CLASSES: [(u8, &str); 5] = [
     (L, r"\p{L}"),
     (N, r"\p{N}"),
@@ -115,18 +108,16 @@ const CLASSES: [(u8, &str); 5] = [
 
 type Res<T> = std::result::Result<T, String>;
 
-/// What `build` gathers: code points per class bit, the non-ASCII `(?i)` folds of each of
-/// `FOLD_LETTERS`, and whether a single character folds to two letters.
+/// Code points per class bit, and the non-ASCII `(?i)` folds of each of `FOLD_LETTERS`.
 struct Members {
     classes: Vec<(u8, Vec<u32>)>,
     folds: [Vec<u32>; 8],
-    multi_char_folds: bool,
 }
 
 /// fancy-regex hands character classes to regex-syntax (the same crate and version here, one
 /// semver-compatible copy in the build), whose parsed class *is* the set its matcher accepts:
-/// read the ranges, no scan needed (about a millisecond instead of 0.1 s).
-fn fancy_regex_members() -> Res<Members> {
+/// read the ranges, no scan needed.
+fn regex_syntax_members() -> Res<Members> {
     fn class(pattern: &str) -> Res<Vec<u32>> {
         use regex_syntax::hir::{Class, HirKind};
         let hir = regex_syntax::Parser::new().parse(pattern).map_err(|e| format!("{pattern}: {e}"))?;
@@ -141,104 +132,20 @@ fn fancy_regex_members() -> Res<Members> {
     let classes = CLASSES.iter().map(|&(bit, p)| Ok((bit, class(p)?))).collect::<Res<_>>()?;
     let mut folds: [Vec<u32>; 8] = Default::default();
     for (k, &letter) in FOLD_LETTERS.iter().enumerate() {
-        let (ascii, other): (Vec<u32>, Vec<u32>) = class(&format!("(?i:{})", letter as char))?.into_iter().partition(|&c| c < 128);
-        check_ascii_folds(letter, &ascii)?;
+        let (mut ascii, other): (Vec<u32>, Vec<u32>) =
+            class(&format!("(?i:{})", letter as char))?.into_iter().partition(|&c| c < 128);
+        // ASCII folds are assumed to be the plain case pair (`folds_to`); check it.
+        ascii.sort_unstable();
+        if ascii != [letter.to_ascii_uppercase() as u32, letter as u32] {
+            return Err(format!("unexpected ASCII case folds of {:?}: {ascii:?}", letter as char));
+        }
         folds[k] = other;
     }
-    // regex-syntax folds simply (one character to one): never to two letters.
-    Ok(Members { classes, folds, multi_char_folds: false })
-}
-
-/// Oniguruma's tables are not exposed: run it over every code point.
-fn onig_members() -> Res<Members> {
-    let text = all_code_points();
-    let text = text.as_str();
-    let scan = |classes: &[(u8, &str)]| -> Res<Vec<(u8, Vec<u32>)>> {
-        classes.iter().map(|&(bit, pat)| Ok((bit, matched(Engine::Onig, &format!("{pat}+"), text)?))).collect()
-    };
-    // Folds: one scan for any of the letters, then each candidate tested on its own.
-    let folds = || -> Res<[Vec<u32>; 8]> {
-        let mut folds: [Vec<u32>; 8] = Default::default();
-        let candidates = matched(Engine::Onig, "(?i:[stmdlver])+", text)?;
-        for (k, &letter) in FOLD_LETTERS.iter().enumerate() {
-            let pat = format!("(?i:{})", letter as char);
-            let mut ascii = Vec::new();
-            for &cp in &candidates {
-                let one = char::from_u32(cp).expect("scalar value").to_string();
-                if match_ranges(Engine::Onig, &pat, &one)?.iter().any(|&(a, b)| (a, b) == (0, one.len())) {
-                    if cp < 128 {
-                        ascii.push(cp);
-                    } else {
-                        folds[k].push(cp);
-                    }
-                }
-            }
-            check_ascii_folds(letter, &ascii)?;
-        }
-        Ok(folds)
-    };
-    // A single character matching a two-letter suffix would be a multi-character fold.
-    let multi = || -> Res<bool> {
-        let ranges = match_ranges(Engine::Onig, "(?i:re|ve|ll)", text)?;
-        Ok(ranges.iter().any(|&(a, b)| text[a..b].chars().count() == 1))
-    };
-    // The scans are independent: run them side by side.
-    let (a, b, (f, m)) = std::thread::scope(|sc| {
-        let a = sc.spawn(|| scan(&CLASSES[..3]));
-        let b = sc.spawn(|| scan(&CLASSES[3..]));
-        let rest = (folds(), multi());
-        fn join<T>(h: std::thread::ScopedJoinHandle<'_, T>) -> Res<T> {
-            h.join().map_err(|_| "class scan panicked".to_string())
-        }
-        Ok::<_, String>((join(a)?, join(b)?, rest))
-    })?;
-    Ok(Members { classes: a?.into_iter().chain(b?).collect(), folds: f?, multi_char_folds: m? })
-}
-
-/// ASCII folds are assumed to be the plain case pair; check it.
-fn check_ascii_folds(letter: u8, ascii: &[u32]) -> Res<()> {
-    let mut sorted = ascii.to_vec();
-    sorted.sort_unstable();
-    if sorted != [letter.to_ascii_uppercase() as u32, letter as u32] {
-        return Err(format!("unexpected ASCII case folds of {:?}: {ascii:?}", letter as char));
-    }
-    Ok(())
-}
-
-/// Every Unicode scalar value, in order.
-fn all_code_points() -> String {
-    (0..0xD800u32).chain(0xE000..0x110000).filter_map(char::from_u32).collect()
-}
-
-/// Code points covered by the matches of `pattern`, found by the engine itself.
-fn matched(engine: Engine, pattern: &str, text: &str) -> Res<Vec<u32>> {
-    let mut out = Vec::new();
-    for (a, b) in match_ranges(engine, pattern, text)? {
-        out.extend(text[a..b].chars().map(|c| c as u32));
-    }
-    Ok(out)
-}
-
-fn match_ranges(engine: Engine, pattern: &str, text: &str) -> Res<Vec<(usize, usize)>> {
-    let mut ranges: Vec<(usize, usize)> = Vec::new();
-    match engine {
-        Engine::FancyRegex => {
-            let re = fancy_regex::Regex::new(pattern).map_err(|e| format!("{pattern}: {e}"))?;
-            for m in re.find_iter(text) {
-                let m = m.map_err(|e| format!("{pattern}: {e}"))?;
-                ranges.push((m.start(), m.end()));
-            }
-        }
-        Engine::Onig => {
-            let re = tokenizers::utils::SysRegex::new(pattern).map_err(|e| format!("{pattern}: {e}"))?;
-            ranges.extend(re.find_iter(text));
-        }
-    }
-    Ok(ranges)
+    Ok(Members { classes, folds })
 }
 
 /// Code points that never change under NFC, whatever surrounds them, as the normalizer
-/// Hugging Face uses decides (only tokenizer.json files normalize: the Oniguruma table).
+/// Hugging Face uses decides.
 fn nfc_safe() -> Vec<u32> {
     use unicode_normalization_alignments::{char::canonical_combining_class, is_nfc_quick, IsNormalized};
     (0..0x110000u32)
@@ -248,22 +155,15 @@ fn nfc_safe() -> Vec<u32> {
         .collect()
 }
 
-fn build(engine: Engine) -> Res<CharClasses> {
-    let (members, nfc) = match engine {
-        Engine::FancyRegex => (fancy_regex_members()?, Vec::new()),
-        Engine::Onig => std::thread::scope(|sc| {
-            let nfc = sc.spawn(nfc_safe);
-            let members = onig_members()?;
-            Ok::<_, String>((members, nfc.join().map_err(|_| "NFC scan panicked".to_string())?))
-        })?,
-    };
+fn build() -> Res<CharClasses> {
+    let members = regex_syntax_members()?;
     let mut table = vec![0u8; 0x110000];
     for (bit, cps) in &members.classes {
         for &cp in cps {
             table[cp as usize] |= bit;
         }
     }
-    for cp in nfc {
+    for cp in nfc_safe() {
         table[cp as usize] |= NFC_SAFE;
     }
     let mut ascii = [0u8; 128];
@@ -283,7 +183,7 @@ fn build(engine: Engine) -> Res<CharClasses> {
         };
         index.push(id);
     }
-    Ok(CharClasses { ascii, index, blocks, folds: members.folds, multi_char_folds: members.multi_char_folds })
+    Ok(CharClasses { ascii, index, blocks, folds: members.folds })
 }
 
 /// The pre-tokenizer pattern families the scanners implement.
@@ -333,13 +233,9 @@ impl Pattern {
             _ => return None,
         })
     }
-
-    fn case_insensitive(self) -> bool {
-        !matches!(self, Pattern::Gpt2)
-    }
 }
 
-/// A pattern with the class table of its engine.
+/// A pattern with the class table.
 #[derive(Clone)]
 pub struct PreTokenizer {
     pattern: Pattern,
@@ -347,12 +243,8 @@ pub struct PreTokenizer {
 }
 
 impl PreTokenizer {
-    pub fn new(pattern: Pattern, engine: Engine) -> Result<Self> {
-        let classes = CharClasses::for_engine(engine)?;
-        if pattern.case_insensitive() && classes.multi_char_folds {
-            return Err(Error::Tokenizer("the regex engine folds a single character to two letters".into()));
-        }
-        Ok(PreTokenizer { pattern, classes })
+    pub fn new(pattern: Pattern) -> Result<Self> {
+        Ok(PreTokenizer { pattern, classes: CharClasses::shared()? })
     }
 
     pub fn classes(&self) -> &CharClasses {
@@ -1001,7 +893,7 @@ mod tests {
         ];
         let ascii: Vec<char> = " \t\n\r\x0b\x1caZzA'sSlLdDtTvVeErRmM09./-_(\"".chars().collect();
         for (pattern, pat) in cases {
-            let p = PreTokenizer::new(pattern, Engine::FancyRegex).unwrap();
+            let p = PreTokenizer::new(pattern).unwrap();
             let re = fancy_regex::Regex::new(pat).unwrap();
             let mut seed = 7u64;
             for len in 0..20000 {
@@ -1019,34 +911,60 @@ mod tests {
         }
     }
 
-    /// The classes read from regex-syntax are what fancy-regex itself matches.
+    /// Every Unicode scalar value, in order.
+    fn all_code_points() -> String {
+        (0..0xD800u32).chain(0xE000..0x110000).filter_map(char::from_u32).collect()
+    }
+
+    fn match_ranges(engine: Engine, pattern: &str, text: &str) -> Vec<(usize, usize)> {
+        match engine {
+            Engine::FancyRegex => {
+                let re = fancy_regex::Regex::new(pattern).unwrap();
+                re.find_iter(text).map(|m| m.unwrap()).map(|m| (m.start(), m.end())).collect()
+            }
+            Engine::Onig => tokenizers::utils::SysRegex::new(pattern).unwrap().find_iter(text).collect(),
+        }
+    }
+
+    /// Code points covered by the matches of `pattern`, found by the engine itself.
+    fn matched(engine: Engine, pattern: &str, text: &str) -> Vec<u32> {
+        match_ranges(engine, pattern, text).into_iter().flat_map(|(a, b)| text[a..b].chars().map(|c| c as u32)).collect()
+    }
+
+    /// The table is what each reference engine itself matches, on every code point: the
+    /// guarantee behind using one table for both (about 0.3 s).
     #[test]
-    fn regex_syntax_classes_equal_fancy_regex_matches() {
+    fn table_equals_both_engines_on_every_code_point() {
         let text = all_code_points();
-        let m = fancy_regex_members().unwrap();
-        for ((bit, cps), (bit2, pat)) in m.classes.iter().zip(CLASSES) {
-            assert_eq!(*bit, bit2);
-            assert_eq!(*cps, matched(Engine::FancyRegex, &format!("{pat}+"), &text).unwrap(), "{pat}");
-        }
-        for (k, &letter) in FOLD_LETTERS.iter().enumerate() {
-            let pat = format!("(?i:{})", letter as char);
-            let scanned: Vec<u32> = matched(Engine::FancyRegex, &pat, &text).unwrap().into_iter().filter(|&c| c >= 128).collect();
-            assert_eq!(m.folds[k], scanned, "{pat}");
-        }
-        assert!(match_ranges(Engine::FancyRegex, "(?i:re|ve|ll)", &text).unwrap().iter().all(|&(a, b)| b - a >= 2));
+        let t = CharClasses::shared().unwrap();
+        let (classes, folds) = (&CLASSES, FOLD_LETTERS);
+        std::thread::scope(|sc| {
+            for engine in [Engine::FancyRegex, Engine::Onig] {
+                let (text, t) = (&text, &t);
+                sc.spawn(move || {
+                    for &(bit, pat) in classes {
+                        assert_eq!(t.members(bit), matched(engine, &format!("{pat}+"), text), "{engine:?} {pat}");
+                    }
+                    for letter in folds {
+                        let pat = format!("(?i:{})", letter as char);
+                        let mut want = matched(engine, &pat, text);
+                        want.sort_unstable();
+                        assert_eq!(t.fold_members(letter), want, "{engine:?} {pat}");
+                    }
+                    // No multi-character folds onto a contraction suffix.
+                    assert!(match_ranges(engine, "(?i:re|ve|ll)", text).iter().all(|&(a, b)| b - a >= 2), "{engine:?}");
+                });
+            }
+        });
     }
 
     #[test]
-    fn class_tables_hold_what_the_engines_say() {
-        for e in [Engine::FancyRegex, Engine::Onig] {
-            let f = CharClasses::for_engine(e).unwrap();
-            assert!(f.get('a' as u32) & L != 0 && f.get('7' as u32) & N != 0 && f.get(' ' as u32) & S != 0);
-            assert!(f.get(0x17F) & L != 0 && f.fold_members(b's').contains(&0x17F));
-            assert!(f.get(0x300) & UP != 0 && f.get(0x300) & LO != 0 && f.get(0x300) & L == 0);
-            assert!(!f.multi_char_folds);
-        }
-        let o = CharClasses::for_engine(Engine::Onig).unwrap();
-        assert!(o.get('a' as u32) & NFC_SAFE != 0 && o.get(0x4E2D) & NFC_SAFE != 0);
-        assert!(o.get(0x301) & NFC_SAFE == 0 && o.get(0x212B) & NFC_SAFE == 0 && o.get(0x1161) & NFC_SAFE == 0);
+    fn class_table_spot_checks() {
+        let t = CharClasses::shared().unwrap();
+        assert!(t.get('a' as u32) & L != 0 && t.get('7' as u32) & N != 0 && t.get(' ' as u32) & S != 0);
+        assert!(t.get(0x17F) & L != 0 && t.fold_members(b's').contains(&0x17F));
+        assert!(t.get(0x300) & UP != 0 && t.get(0x300) & LO != 0 && t.get(0x300) & L == 0);
+        assert!(t.get('a' as u32) & NFC_SAFE != 0 && t.get(0x4E2D) & NFC_SAFE != 0);
+        assert!(t.get(0x301) & NFC_SAFE == 0 && t.get(0x212B) & NFC_SAFE == 0 && t.get(0x1161) & NFC_SAFE == 0);
     }
 }

@@ -1,4 +1,4 @@
-//! Test hooks of the fast tokenizer: its pre-tokenizer and character classes, to be
+//! Test hooks of the fast tokenizer: its pre-tokenizers and character classes, to be
 //! compared with the reference regex engines from Python.
 
 use pyo3::prelude::*;
@@ -14,25 +14,24 @@ fn engine(name: &str) -> PyResult<Engine> {
     }
 }
 
-/// Pre-tokens of `text` under `pattern` (a regex the fast backend recognises) with the
-/// character classes of `engine`; `None` if a position matches no alternative.
+/// Pre-tokens of `text` under `pattern` as `engine` runs it (a pattern the fast backend
+/// recognises for that engine); `None` if a position matches no alternative.
 #[pyfunction]
 fn _fast_pretokenize(py: Python<'_>, pattern: &str, engine_name: &str, text: &str) -> PyResult<Option<Vec<String>>> {
     let e = engine(engine_name)?;
     let p = Pattern::recognise(pattern, e)
         .ok_or_else(|| pyo3::exceptions::PyValueError::new_err("pattern not recognised by the fast backend"))?;
-    let pt = py.detach(|| PreTokenizer::new(p, e)).map_err(|e: Error| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
+    let pt = py.detach(|| PreTokenizer::new(p)).map_err(|e: Error| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
     let mut out = Vec::new();
     let ok = pt.split(text, |b| out.push(String::from_utf8_lossy(b).into_owned()));
     Ok(ok.ok().map(|_| out))
 }
 
-/// Code points in each character class of `engine`'s table (names: L, N, S, UP, LO,
-/// NFC_SAFE, and fold_X for the `(?i)` folds of letter X).
+/// Code points in each character class of the fast backend's table (names: L, N, S, UP,
+/// LO, NFC_SAFE, and fold_X for the `(?i)` folds of letter X).
 #[pyfunction]
-fn _fast_char_classes(py: Python<'_>, engine_name: &str) -> PyResult<Vec<(String, Vec<u32>)>> {
-    let e = engine(engine_name)?;
-    let t = py.detach(|| CharClasses::for_engine(e)).map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
+fn _fast_char_classes(py: Python<'_>) -> PyResult<Vec<(String, Vec<u32>)>> {
+    let t = py.detach(CharClasses::shared).map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
     let mut out: Vec<(String, Vec<u32>)> = [
         ("L", pretok::L),
         ("N", pretok::N),
