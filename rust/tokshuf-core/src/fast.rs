@@ -28,9 +28,10 @@
 //! fit inside our own worker pool and after fork, and still not usable for r50k/p50k. So
 //! tokshuf has its own, exact by construction (below) and linear on worst cases (1 MB of
 //! one letter or one space run: 0.15-0.25 s, like fastokens; tiktoken's merge is quadratic).
-//! End to end on the 100 MB subset, 2 threads (benches/build_bench.py, same quiet
-//! machine, before the memo grew to 2^18 slots): NeoX 76.5 MB/s (HF encode_batch_fast 3.1,
-//! gigatoken 122), cl100k 80.9 MB/s (tiktoken 12.4, gigatoken 131).
+//! End to end on the 100 MB subset, 2 threads, medians of 5 builds each in a fresh process
+//! (`python benches/build_bench.py --tokenizers neox,cl100k --threads 2 --runs 5`, 2-core
+//! AMD EPYC VM): NeoX 78.0 MB/s (HF encode_batch_fast 4.9, gigatoken 90.6), cl100k 82.9
+//! MB/s (tiktoken encode_ordinary_batch 15.3, gigatoken 152); the README has the table.
 //! Whole corpus (504 MB, 56 k documents), `check-tokenizer`: 0 documents differ for NeoX,
 //! r50k, p50k, cl100k and o200k.
 //!
