@@ -17,7 +17,6 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyType;
 
-
 use tokshuf_core::meta::{BuildOptions, ErrorPolicy, Format, Tail};
 use tokshuf_core::tokenizer::Backend;
 use tokshuf_core::Error;
