@@ -13,6 +13,10 @@
 //! symbols only ever grow to the right, a stale entry can never pass that test with a
 //! different pair, so its order is exactly "lowest rank, then leftmost", which is what both
 //! loops here implement.
+//!
+//! Merging runs only on memo misses, yet takes a quarter of a cl100k build, most of it
+//! waiting on pair-table lookups from memory. A per-thread 64 KiB direct-mapped cache of
+//! those lookups was tried and gave no measurable gain: the pairs met are too varied.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
