@@ -11,7 +11,8 @@
 //!
 //! A set is one aligned cache line, so a lookup costs one line from memory. Tried and
 //! dropped, as no faster on the 100 MB subset: prefetching the next piece's set (12 % more
-//! CPU time), and a 128 KiB table of the most recent pieces in front of this one.
+//! CPU time), a 128 KiB table of the most recent pieces in front of this one, and
+//! transparent huge pages for the table (madvise; no difference within the noise).
 
 use rustc_hash::FxHashMap;
 
