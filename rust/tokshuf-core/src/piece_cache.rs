@@ -111,7 +111,8 @@ impl PieceCache {
             return self.encode_long(&text[start..end], out, encode);
         }
         let key = key_words(text, start, end);
-        let set = &mut self.sets[hash(&key) as usize & self.mask].0;
+        let si = hash(&key) as usize & self.mask;
+        let set = &mut self.sets[si].0;
         // Keys are zero-padded, so the length must match too ("a" vs "a\0").
         let hit = |s: &Slot| s.key == key && s.len as usize == len;
         let found = if hit(&set[0]) {
@@ -142,7 +143,7 @@ impl PieceCache {
             let mut ids = [0; SLOT_IDS];
             ids[..n].copy_from_slice(&out[begin..]);
             // The older of the two goes.
-            let set = &mut self.sets[hash(&key) as usize & self.mask].0;
+            let set = &mut self.sets[si].0;
             set[1] = set[0];
             set[0] = Slot { key, len: len as u8, n: n as u8, ids };
         } else {
