@@ -117,7 +117,10 @@ impl MergeBpe {
     /// plain byte-level BPE (no dropout, prefixes, suffixes). Errors name what is missing.
     pub fn from_model(model: &Value) -> std::result::Result<MergeBpe, String> {
         let vocab = model.get("vocab").and_then(Value::as_object).ok_or("model has no vocab")?;
-        let id_of = |tok: &str| -> Option<u32> { vocab.get(tok).and_then(Value::as_u64).and_then(|v| u32::try_from(v).ok()) };
+        // A hash map: the JSON object is a B-tree, and every merge looks up three tokens.
+        let ids: FxHashMap<&str, u32> =
+            vocab.iter().filter_map(|(tok, id)| Some((tok.as_str(), u32::try_from(id.as_u64()?).ok()?))).collect();
+        let id_of = |tok: &str| ids.get(tok).copied();
         let alphabet = byte_level_alphabet();
         // Bytes that never occur in UTF-8 text (C0, C1, F5..FF) may be missing.
         let mut byte_ids = [u32::MAX; 256];
@@ -131,26 +134,27 @@ impl MergeBpe {
         let list = model.get("merges").and_then(Value::as_array).ok_or("model has no merges")?;
         let mut merges = FxHashMap::default();
         merges.reserve(list.len());
+        let mut merged = String::new();
         for (rank, m) in list.iter().enumerate() {
             // "a b" (older files) or ["a", "b"].
-            let (a, b) = match m {
+            let pair = match m {
                 Value::String(s) => {
-                    let parts: Vec<&str> = s.split(' ').collect();
-                    if parts.len() != 2 {
-                        return Err(format!("merge {} is not two tokens", rank + 1));
+                    let mut parts = s.split(' ');
+                    match (parts.next(), parts.next(), parts.next()) {
+                        (Some(a), Some(b), None) => Some((a, b)),
+                        _ => None,
                     }
-                    (parts[0].to_string(), parts[1].to_string())
                 }
-                Value::Array(v) if v.len() == 2 => match (v[0].as_str(), v[1].as_str()) {
-                    (Some(a), Some(b)) => (a.to_string(), b.to_string()),
-                    _ => return Err(format!("merge {} is not two tokens", rank + 1)),
-                },
-                _ => return Err(format!("merge {} is not two tokens", rank + 1)),
+                Value::Array(v) if v.len() == 2 => v[0].as_str().zip(v[1].as_str()),
+                _ => None,
             };
+            let (a, b) = pair.ok_or_else(|| format!("merge {} is not two tokens", rank + 1))?;
             let missing = |t: &str| format!("merge token {t:?} is not in the vocabulary");
-            let ia = id_of(&a).ok_or_else(|| missing(&a))?;
-            let ib = id_of(&b).ok_or_else(|| missing(&b))?;
-            let merged = format!("{a}{b}");
+            let ia = id_of(a).ok_or_else(|| missing(a))?;
+            let ib = id_of(b).ok_or_else(|| missing(b))?;
+            merged.clear();
+            merged.push_str(a);
+            merged.push_str(b);
             let inew = id_of(&merged).ok_or_else(|| missing(&merged))?;
             // Later duplicates win, as in `tokenizers` (it collects into a map in order).
             merges.insert(((ia as u64) << 32) | ib as u64, (rank as u32, inew));

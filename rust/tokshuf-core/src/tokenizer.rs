@@ -343,8 +343,15 @@ impl Encoder for HfTokenizer {
 
 fn load_tokenizer_json(spec: &str, path: &Path, allow_special: bool, backend: Backend) -> Result<Tokenizer> {
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-    let mut tok = tokenizers::Tokenizer::from_bytes(&bytes)
-        .map_err(|e| Error::Tokenizer(format!("{}: not a usable tokenizer.json: {e}", path.display())))?;
+    // The fast backend's parts are built beside the reference, which takes longer.
+    let (tok, parts) = std::thread::scope(|sc| {
+        let parts = (backend != Backend::Reference)
+            .then(|| sc.spawn(|| crate::fast::FastEncoder::tokenizer_json_parts(&bytes)));
+        let tok = tokenizers::Tokenizer::from_bytes(&bytes);
+        (tok, parts.map(|h| h.join().unwrap_or_else(|_| Err("building the fast backend panicked".into()))))
+    });
+    let mut tok =
+        tok.map_err(|e| Error::Tokenizer(format!("{}: not a usable tokenizer.json: {e}", path.display())))?;
     tok.set_encode_special_tokens(!allow_special);
     let _ = tok.with_padding(None).with_truncation(None);
     let find = |cands: &[&str]| cands.iter().find_map(|t| tok.token_to_id(t));
@@ -354,9 +361,8 @@ fn load_tokenizer_json(spec: &str, path: &Path, allow_special: bool, backend: Ba
     let tok = Arc::new(tok);
     let reference: Arc<dyn Encoder> = Arc::new(HfTokenizer(tok.clone()));
     let (encoder, backend) = choose(spec, backend, (reference.clone(), "hf-tokenizers"), || {
-        let json: serde_json::Value =
-            serde_json::from_slice(&bytes).map_err(|e| format!("not JSON: {e}"))?;
-        crate::fast::FastEncoder::tokenizer_json(&json, &tok, allow_special, reference)
+        let parts = parts.unwrap_or_else(|| Err("not built".into()))?;
+        crate::fast::FastEncoder::tokenizer_json(parts, &tok, allow_special, reference)
     })?;
     Ok(Tokenizer {
         spec: spec.to_string(),
