@@ -18,6 +18,7 @@ pub type Ranks = FxHashMap<Vec<u8>, u32>;
 pub fn parse_tiktoken(data: &[u8]) -> Result<Ranks> {
     let text = std::str::from_utf8(data).map_err(|_| Error::Tokenizer("tiktoken file is not UTF-8".into()))?;
     let mut ranks = Ranks::default();
+    ranks.reserve(data.iter().filter(|&&b| b == b'\n').count() + 1);
     for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.is_empty()) {
         let bad = || Error::Tokenizer(format!("tiktoken file line {}: expected 'BASE64 RANK'", i + 1));
         let (tok, rank) = line.split_once(' ').ok_or_else(bad)?;

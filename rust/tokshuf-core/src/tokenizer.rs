@@ -194,7 +194,10 @@ struct Tiktoken {
     regex: fancy_regex::Regex,
     per_thread: Vec<OnceLock<fancy_regex::Regex>>,
     ws: WsRule,
-    decoder: Vec<Vec<u8>>,
+    /// Bytes of each id, built on the first `decode` (builds never decode).
+    decoder: OnceLock<Vec<Vec<u8>>>,
+    specials: &'static [(&'static str, u32)],
+    vocab_size: u32,
 }
 
 fn compile_pattern(pattern: &str) -> std::result::Result<fancy_regex::Regex, fancy_regex::Error> {
@@ -274,9 +277,19 @@ impl Encoder for Tiktoken {
         Ok(())
     }
     fn decode(&self, ids: &[u32]) -> String {
+        let decoder = self.decoder.get_or_init(|| {
+            let mut decoder = vec![Vec::new(); self.vocab_size as usize];
+            for (bytes, &id) in self.bpe.ranks() {
+                decoder[id as usize] = bytes.clone();
+            }
+            for &(tok, id) in self.specials {
+                decoder[id as usize] = tok.as_bytes().to_vec();
+            }
+            decoder
+        });
         let mut bytes = Vec::new();
         for &id in ids {
-            if let Some(b) = self.decoder.get(id as usize) {
+            if let Some(b) = decoder.get(id as usize) {
                 bytes.extend_from_slice(b);
             }
         }
@@ -288,24 +301,32 @@ fn load_tiktoken(spec: &str, name: &str, backend: Backend) -> Result<Tokenizer> 
     let s = tiktoken_spec(name).ok_or_else(|| {
         Error::Tokenizer(format!("unknown tiktoken encoding {name:?}; known: {}", TIKTOKEN_NAMES.join(", ")))
     })?;
-    let raw = bpe::gunzip(s.data)?;
+    // The fast backend's class table is built beside the ranks.
+    let (raw, ranks) = std::thread::scope(|sc| {
+        if backend != Backend::Reference {
+            sc.spawn(crate::pretok::CharClasses::shared);
+        }
+        let raw = bpe::gunzip(s.data)?;
+        let ranks = bpe::parse_tiktoken(&raw)?;
+        Ok::<_, Error>((raw, ranks))
+    })?;
     let sha256 = hex(&Sha256::digest(&raw));
-    let ranks = bpe::parse_tiktoken(&raw)?;
     let max_rank = ranks.values().copied().max().unwrap_or(0);
     let max_special = s.specials.iter().map(|&(_, id)| id).max().unwrap_or(0);
     let vocab_size = max_rank.max(max_special) + 1;
-    let mut decoder = vec![Vec::new(); vocab_size as usize];
-    for (bytes, &id) in &ranks {
-        decoder[id as usize] = bytes.clone();
-    }
-    for &(tok, id) in s.specials {
-        decoder[id as usize] = tok.as_bytes().to_vec();
-    }
     let regex = compile_pattern(s.pattern).map_err(|e| Error::Tokenizer(format!("{spec}: bad pattern: {e}")))?;
     let per_thread = (0..REGEX_SLOTS).map(|_| OnceLock::new()).collect();
     let eot = s.specials[0].1;
     let bpe = Arc::new(BytePairEncoder::new(ranks)?);
-    let reference: Arc<dyn Encoder> = Arc::new(Tiktoken { bpe: bpe.clone(), regex, per_thread, ws: s.ws, decoder });
+    let reference: Arc<dyn Encoder> = Arc::new(Tiktoken {
+        bpe: bpe.clone(),
+        regex,
+        per_thread,
+        ws: s.ws,
+        decoder: OnceLock::new(),
+        specials: s.specials,
+        vocab_size,
+    });
     let (encoder, backend) = choose(spec, backend, (reference.clone(), "tokshuf-bpe"), || {
         crate::fast::FastEncoder::tiktoken(s.pattern, bpe, reference)
     })?;
