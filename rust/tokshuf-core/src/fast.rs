@@ -49,10 +49,11 @@
 //!
 //! HOW IT STAYS EXACT
 //! - Only configurations modelled here are accepted (`FastEncoder::tiktoken`,
-//!   `FastEncoder::tokenizer_json` return the reason otherwise, and the reference is used):
-//!   known pre-tokenizer patterns, no normalizer or NFC, BPE without dropout, prefixes or
-//!   suffixes, every byte UTF-8 text can hold in the vocabulary, added tokens without
-//!   lstrip/rstrip/single_word and unique after normalization.
+//!   `tokenizer_json_parts` and `tokenizer_json` return the reason otherwise, and the
+//!   reference is used): known pre-tokenizer patterns, no normalizer or an NFC one, BPE
+//!   without dropout, prefixes or suffixes, every byte UTF-8 text can hold in the
+//!   vocabulary, added tokens without lstrip/rstrip/single_word and unique after
+//!   normalization.
 //! - Added tokens follow `tokenizers`' AddedVocabulary: tokens that are not `normalized`
 //!   are found on the raw text, the others on each normalized piece, leftmost-longest; with
 //!   `encode_special_tokens` a special token's match is skipped but still consumed.

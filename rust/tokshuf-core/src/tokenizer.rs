@@ -19,6 +19,9 @@ use sha2::{Digest, Sha256};
 
 use crate::bpe::{self, BytePairEncoder};
 use crate::error::{Error, Result};
+// tiktoken's pre-tokenizer patterns, as in tiktoken_ext.openai_public (the fast scanners
+// recognise them by this exact text).
+use crate::pretok::{CL100K as CL100K_PAT, GPT2_TIKTOKEN as R50K_PAT, O200K as O200K_PAT};
 
 /// Encode text into ids. Implementations are shared by all worker threads.
 pub trait Encoder: Send + Sync {
@@ -106,10 +109,6 @@ fn choose(
 
 // ---------------------------------------------------------------------------------------
 // tiktoken
-
-// tiktoken's pre-tokenizer patterns, as in tiktoken_ext.openai_public (the fast scanners
-// recognise them by this exact text).
-use crate::pretok::{CL100K as CL100K_PAT, GPT2_TIKTOKEN as R50K_PAT, O200K as O200K_PAT};
 
 struct TiktokenSpec {
     data: &'static [u8],
