@@ -422,3 +422,20 @@ def test_check_tokenizer_cli_unsupported_tokenizer(tmp_path, capsys):
     path.write_text(json.dumps(unsupported("nfkc")), encoding="utf-8")
     assert main(["check-tokenizer", str(path), str(SAMPLE / "kjv.jsonl")]) == 2
     assert "normalizer" in capsys.readouterr().err
+
+
+def test_check_tokenizer_resolves_specs_as_builds_do(tmp_path, monkeypatch, capsys):
+    """A folder and an `hf:` spec reach the Python reference through the builder's resolver."""
+    import shutil
+
+    from tokshuf.__main__ import main
+
+    snapshot = tmp_path / "hub" / "models--org--neox" / "snapshots" / "abc"
+    snapshot.mkdir(parents=True)
+    shutil.copy(NEOX, snapshot / "tokenizer.json")
+    (tmp_path / "hub" / "models--org--neox" / "refs").mkdir()
+    (tmp_path / "hub" / "models--org--neox" / "refs" / "main").write_text("abc")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    for spec in [str(snapshot), "hf:org/neox"]:
+        assert main(["check-tokenizer", spec, str(SAMPLE / "kjv.jsonl"), "--limit", "3", "--reference", "python"]) == 0
+        assert "0 differ" in capsys.readouterr().out

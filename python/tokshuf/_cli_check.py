@@ -12,13 +12,11 @@ from __future__ import annotations
 import argparse
 import gzip
 import io
-import json
-import os
 import sys
 import time
-from pathlib import Path
 from typing import Callable, Iterator, List, Optional, Tuple
 
+from . import _core
 from .exceptions import ConfigError, InputError
 
 
@@ -41,49 +39,31 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
     p.set_defaults(func=_cmd)
 
 
-def _open(path: str) -> io.TextIOBase:
+def _open(path: str) -> io.BufferedIOBase:
     if path.endswith(".gz"):
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
+        return gzip.open(path, "rb")
     if path.endswith((".zst", ".zstd")):
         try:
             import zstandard
         except ImportError as e:
             raise InputError(f"{path}: reading .zst needs the zstandard package") from e
-        return io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(open(path, "rb")), encoding="utf-8")
-    return open(path, encoding="utf-8")
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb")))
+    return open(path, "rb")
 
 
 def read_documents(paths: List[str], key: str, limit: Optional[int]) -> Iterator[Tuple[str, str]]:
-    """(where, text) of the non-empty documents, in order; bad lines are skipped."""
+    """(where, text) of the documents a build tokenizes (lines parsed by the builder's own
+    parser; blank, bad and empty ones are skipped), in order."""
     n = 0
     for path in paths:
         with _open(path) as f:
             for line_no, line in enumerate(f, 1):
                 if limit is not None and n >= limit:
                     return
-                try:
-                    text = json.loads(line).get(key)
-                except (ValueError, AttributeError):
-                    continue
-                if isinstance(text, str) and text:
+                kind, text = _core.parse_line(line[:-1] if line.endswith(b"\n") else line, key)
+                if kind == "text" and text:
                     n += 1
                     yield f"{path}:{line_no}", text
-
-
-def _hf_path(spec: str) -> str:
-    if spec.startswith("hf:"):
-        repo = spec[3:]
-        hub = os.environ.get("HF_HUB_CACHE") or os.path.join(
-            os.environ.get("HF_HOME", os.path.join(os.path.expanduser("~"), ".cache", "huggingface")), "hub")
-        root = Path(hub) / f"models--{repo.replace('/', '--')}"
-        ref = root / "refs" / "main"
-        snaps = ([root / "snapshots" / ref.read_text().strip()] if ref.is_file() else []) + sorted(
-            (root / "snapshots").glob("*"))
-        for snap in snaps:
-            if (snap / "tokenizer.json").is_file():
-                return str(snap / "tokenizer.json")
-        raise ConfigError(f"{spec}: no tokenizer.json in the local Hugging Face cache")
-    return str(Path(spec) / "tokenizer.json") if os.path.isdir(spec) else spec
 
 
 def _tiktoken_encoding(name: str):
@@ -92,8 +72,6 @@ def _tiktoken_encoding(name: str):
 
     import tiktoken
     import tiktoken_ext.openai_public as public
-
-    from . import _core
 
     ranks = {}
     for line in _core._tiktoken_data(name).splitlines():
@@ -118,7 +96,7 @@ def python_reference(spec: str, allow_special: bool) -> Tuple[str, Callable[[str
         return f"tiktoken {tiktoken.__version__} encode_ordinary", enc.encode_ordinary
     import tokenizers
 
-    tok = tokenizers.Tokenizer.from_file(_hf_path(spec))
+    tok = tokenizers.Tokenizer.from_file(_core._tokenizer_json_path(spec))
     tok.encode_special_tokens = not allow_special
     return (f"tokenizers {tokenizers.__version__} encode(add_special_tokens=False)",
             lambda text: tok.encode(text, add_special_tokens=False).ids)
@@ -141,7 +119,6 @@ def _describe(tok, where: str, text: str, got: List[int], want: List[int]) -> st
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    from . import _core
     from ._inputs import expand_inputs
 
     try:

@@ -307,11 +307,29 @@ struct Scanner<'a> {
 struct WsRun {
     /// End of the run (first byte that is not whitespace, or the end of text).
     end: usize,
+    /// End of the run's first character.
+    first_end: usize,
     /// Start of the run's last character.
     last_start: usize,
     /// End of the run's last `\r` or `\n`, if any.
     last_newline_end: Option<usize>,
     chars: usize,
+}
+
+impl WsRun {
+    /// `\s+(?!\S)|\s+` (or `|\s`, the same here) for a run no newline rule took: all of it
+    /// at the end of the text, else all but its last character, which goes with what
+    /// follows, or its only character.
+    #[inline(always)]
+    fn space_end(&self, n: usize) -> usize {
+        if self.end == n {
+            n
+        } else if self.chars >= 2 {
+            self.last_start
+        } else {
+            self.first_end
+        }
+    }
 }
 
 impl<'a> Scanner<'a> {
@@ -401,11 +419,14 @@ impl<'a> Scanner<'a> {
 
     #[inline(always)]
     fn ws_run(&self, mut i: usize) -> WsRun {
-        let mut r = WsRun { end: i, last_start: i, last_newline_end: None, chars: 0 };
+        let mut r = WsRun { end: i, first_end: i, last_start: i, last_newline_end: None, chars: 0 };
         while i < self.b.len() {
             let (c, cls, nx) = self.at(i);
             if cls & S == 0 {
                 break;
+            }
+            if r.chars == 0 {
+                r.first_end = nx;
             }
             r.last_start = i;
             r.chars += 1;
@@ -477,10 +498,10 @@ impl<'a> Scanner<'a> {
     // decision would depend on a non-ASCII character. Runs (`run`, `run_other`) handle
     // any character.
 
-    /// ASCII whitespace run from `i`: (end, end of its last newline); `None` if a non-ASCII
+    /// The ASCII whitespace run from `i` (which is whitespace); `None` if a non-ASCII
     /// character follows (it could be whitespace too).
     #[inline(always)]
-    fn ascii_ws(&self, i: usize) -> Option<(usize, Option<usize>)> {
+    fn ascii_ws(&self, i: usize) -> Option<WsRun> {
         let b = self.b;
         let mut j = i;
         let mut newline = None;
@@ -497,7 +518,7 @@ impl<'a> Scanner<'a> {
             }
             j += 1;
         }
-        Some((j, newline))
+        Some(WsRun { end: j, first_end: i + 1, last_start: j - 1, last_newline_end: newline, chars: j - i })
     }
 
     /// `\p{N}{1,max}` from an ASCII digit at `i`.
@@ -553,8 +574,7 @@ impl<'a> Scanner<'a> {
                 return Some(self.run_other(i + 1));
             }
         }
-        let (j, _) = self.ascii_ws(i)?;
-        Some(if j == n { n } else if j - i >= 2 { j - 1 } else { i + 1 })
+        Some(self.ascii_ws(i)?.space_end(n))
     }
 
     /// cl100k and Llama 3 (`newline_first`: Llama 3 has no `\s++$` before its newline rule).
@@ -585,12 +605,11 @@ impl<'a> Scanner<'a> {
         if other(cls) {
             return Some(self.run_ascii(self.run_other(i), b"\r\n"));
         }
-        let (j, newline) = self.ascii_ws(i)?;
-        let rest = if j == n { n } else if j - i >= 2 { j - 1 } else { i + 1 };
-        Some(match (newline, newline_first) {
+        let r = self.ascii_ws(i)?;
+        Some(match (r.last_newline_end, newline_first) {
             (Some(e), true) => e,
-            (Some(e), false) if j < n => e,
-            _ => rest,
+            (Some(e), false) if r.end < n => e,
+            _ => r.space_end(n),
         })
     }
 
@@ -640,8 +659,8 @@ impl<'a> Scanner<'a> {
         if other(cls) {
             return Some(self.run_ascii(self.run_other(i), b"\r\n/"));
         }
-        let (j, newline) = self.ascii_ws(i)?;
-        Some(newline.unwrap_or(if j == n { n } else if j - i >= 2 { j - 1 } else { i + 1 }))
+        let r = self.ascii_ws(i)?;
+        Some(r.last_newline_end.unwrap_or_else(|| r.space_end(n)))
     }
 
     #[inline(never)]
@@ -680,7 +699,7 @@ impl<'a> Scanner<'a> {
         }
         // \s+(?!\S) | \s+
         let r = self.ws_run(i);
-        Some(if r.end == n { n } else if r.chars >= 2 { r.last_start } else { nx })
+        Some(r.space_end(n))
     }
 
     /// `'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s`
@@ -718,7 +737,7 @@ impl<'a> Scanner<'a> {
             return Some(e);
         }
         // \s+(?!\S) | \s
-        Some(if r.chars >= 2 { r.last_start } else { nx })
+        Some(r.space_end(n))
     }
 
     /// `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
@@ -759,7 +778,7 @@ impl<'a> Scanner<'a> {
             return Some(e);
         }
         // \s+(?!\S) | \s+
-        Some(if r.end == n { n } else if r.chars >= 2 { r.last_start } else { nx })
+        Some(r.space_end(n))
     }
 
     /// `[^\r\n\p{L}\p{N}]?\p{L}+` (the possessive and the backtracking spelling match the

@@ -78,14 +78,18 @@ impl Tokenizer {
             }
             return load_tiktoken(spec, name, backend);
         }
-        let path = if let Some(repo) = spec.strip_prefix("hf:") {
-            hf_cache_path(repo)?
-        } else {
-            let p = PathBuf::from(spec);
-            if p.is_dir() { p.join("tokenizer.json") } else { p }
-        };
-        load_tokenizer_json(spec, &path, allow_special, backend)
+        load_tokenizer_json(spec, &tokenizer_json_path(spec)?, allow_special, backend)
     }
+}
+
+/// The tokenizer.json a spec other than `tiktoken:...` names: a file, a folder holding
+/// one, or `hf:ORG/NAME` in the local Hugging Face cache.
+pub fn tokenizer_json_path(spec: &str) -> Result<PathBuf> {
+    if let Some(repo) = spec.strip_prefix("hf:") {
+        return hf_cache_path(repo);
+    }
+    let p = PathBuf::from(spec);
+    Ok(if p.is_dir() { p.join("tokenizer.json") } else { p })
 }
 
 /// The fast encoder if `backend` wants it and `fast` could build it, else the reference.

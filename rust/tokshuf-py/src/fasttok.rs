@@ -57,8 +57,18 @@ fn _tiktoken_data<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, pyo3:
     Ok(pyo3::types::PyBytes::new(py, &data))
 }
 
+/// The tokenizer.json file a spec names, resolved as builds resolve it (for the Python
+/// reference of `check-tokenizer`).
+#[pyfunction]
+fn _tokenizer_json_path(spec: &str) -> PyResult<String> {
+    let path = tokshuf_core::tokenizer::tokenizer_json_path(spec)
+        .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
+    Ok(path.to_string_lossy().into_owned())
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_tiktoken_data, m)?)?;
+    m.add_function(wrap_pyfunction!(_tokenizer_json_path, m)?)?;
     m.add_function(wrap_pyfunction!(_fast_pretokenize, m)?)?;
     m.add_function(wrap_pyfunction!(_fast_char_classes, m)?)?;
     Ok(())
