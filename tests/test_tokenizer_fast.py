@@ -208,19 +208,10 @@ def check_classes(engine: str, code_points):
         assert got == ref, f"{engine} {name}: only ours {sorted(got - ref)[:10]}, only reference {sorted(ref - got)[:10]}"
 
 
-def class_sample():
-    """Every 17th code point, and all of the first 0x3100 and the general punctuation block."""
-    return sorted(set(ALL_CODE_POINTS[::17]) | set(range(0x3100)) | set(range(0xFE00, 0xFF00)))
-
-
-@pytest.mark.parametrize("engine", ["fancy-regex", "onig"])
-def test_character_classes_equal_reference_engines(engine):
-    check_classes(engine, class_sample())
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", ["fancy-regex", "onig"])
-def test_character_classes_equal_reference_engines_everywhere(engine):
+def test_character_classes_equal_reference_engines(engine):
+    """On every code point (a sample would run in CI beside this and prove nothing more)."""
     check_classes(engine, ALL_CODE_POINTS)
 
 

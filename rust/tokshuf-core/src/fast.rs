@@ -38,8 +38,8 @@
 //! HOW IT IS FAST
 //! - Pre-tokenization by hand-written scanners (`pretok.rs`), one per pattern family, with
 //!   the reference engines' character classes, and ASCII fast paths.
-//! - A per-thread memo of pre-token -> ids (`piece_cache.rs`, bounded, no allocation after
-//!   creation): most pre-tokens are merged once per thread.
+//! - A per-thread memo of pre-token -> ids (`piece_cache.rs`, bounded; short pieces need no
+//!   allocation): most pre-tokens are merged once per thread.
 //! - Little fixed cost per build (0.1-0.2 s to load a tokenizer), which matters below a
 //!   few GB: the class table is read from regex-syntax rather than scanned, and nothing on
 //!   the build path imports NumPy (whose OpenBLAS threads spin at import).

@@ -3,7 +3,7 @@
 //! copied: on 4.5 MB of the benchmark corpus, 1.2 M pre-tokens are 57 k distinct ones, 93 %
 //! of them are at most 8 bytes and 99.5 % at most 16.
 //!
-//! Fixed size, no allocation after creation: pieces of up to 16 bytes with up to 3 ids live
+//! Pieces of up to 16 bytes with up to 3 ids (nearly all) need no allocation: they live
 //! inline in 32-byte slots (the key read straight from the text as two words), two slots
 //! per 64-byte set, the more recent first (a direct-mapped table missed 7 % of pieces on
 //! text it had just seen, from collisions). Other pieces (longer, or with more ids) go to
