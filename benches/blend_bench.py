@@ -26,7 +26,6 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-
 import tokshuf
 from tokshuf._core import BlendSchedule
 
@@ -82,8 +81,18 @@ def fake_caches(root: Path, sizes) -> list:
     for i, n in enumerate(sizes):
         d = root / f"c{i:05d}"
         d.mkdir()
-        meta = {"format_version": 1, "status": "complete", "seqlen": 2049, "dtype": "uint16", "format": "npy",
-                "chunk_size": int(n), "num_chunks": 1, "num_contexts": int(n), "recipe": {}, "tokenizer": tok}
+        meta = {
+            "format_version": 1,
+            "status": "complete",
+            "seqlen": 2049,
+            "dtype": "uint16",
+            "format": "npy",
+            "chunk_size": int(n),
+            "num_chunks": 1,
+            "num_contexts": int(n),
+            "recipe": {},
+            "tokenizer": tok,
+        }
         (d / "tokshuf.json").write_text(json.dumps(meta))
         (d / "manifest.jsonl").write_text(json.dumps({"shard": "shard_00000000", "num_sequences": int(n)}) + "\n")
         paths.append(d)
@@ -94,8 +103,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--components", type=int, default=10_000)
     ap.add_argument("--lookups", type=int, default=1_000_000)
-    ap.add_argument("--samples", type=int, default=1_000_000,
-                    help="length of the run Megatron materialises (its index arrays); lookups fall in it")
+    ap.add_argument(
+        "--samples",
+        type=int,
+        default=1_000_000,
+        help="length of the run Megatron materialises (its index arrays); lookups fall in it",
+    )
     ap.add_argument("--quantum", type=int, default=65536)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-megatron", action="store_true")
@@ -125,8 +138,11 @@ def main() -> None:
         paths = fake_caches(Path(tmp), sizes)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            t_blend, blend = timed(lambda: tokshuf.Blend(
-                [(tokshuf.Cache(p, check_files=False), w) for p, w in zip(paths, weights)], quantum=args.quantum))
+            t_blend, blend = timed(
+                lambda: tokshuf.Blend(
+                    [(tokshuf.Cache(p, check_files=False), w) for p, w in zip(paths, weights)], quantum=args.quantum
+                )
+            )
         out["tokshuf_blend_build_s"] = t_blend  # includes opening n caches (tokshuf.json + manifest)
         t_bl, _ = timed(blend.locate_many, ms)
         out["tokshuf_blend_locate_many_s"] = t_bl

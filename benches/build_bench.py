@@ -85,9 +85,16 @@ def child_build(args) -> dict:
     out = Path(args.workdir) / "cache"
     shutil.rmtree(out, ignore_errors=True)
     t0 = time.perf_counter()
-    stats = tokshuf.build_cache(args.input, out, tokenizer=TOKENIZERS[args.tokenizer], threads=args.threads,
-                                seqlen=args.seqlen, format=args.format, progress=False,
-                                tokenizer_backend=args.backend)
+    stats = tokshuf.build_cache(
+        args.input,
+        out,
+        tokenizer=TOKENIZERS[args.tokenizer],
+        threads=args.threads,
+        seqlen=args.seqlen,
+        format=args.format,
+        progress=False,
+        tokenizer_backend=args.backend,
+    )
     wall = time.perf_counter() - t0
     m = stats.metadata
     result = {
@@ -133,7 +140,7 @@ def read_texts(paths: List[str]) -> List[str]:
 
 def child_reference(args) -> dict:
     texts = read_texts(args.input)
-    batches = [texts[i:i + REF_BATCH_DOCS] for i in range(0, len(texts), REF_BATCH_DOCS)]
+    batches = [texts[i : i + REF_BATCH_DOCS] for i in range(0, len(texts), REF_BATCH_DOCS)]
     text_bytes = sum(len(t.encode("utf-8")) for t in texts)
     tokens, seconds = 0, 0.0
     if args.tokenizer == "neox":
@@ -159,8 +166,13 @@ def child_reference(args) -> dict:
             seconds += time.perf_counter() - t0
             tokens += sum(map(len, ids))
         what = f"tiktoken {tiktoken.__version__} encode_ordinary_batch"
-    return {"encode_s": seconds, "text_bytes": text_bytes, "num_tokens": tokens, "num_documents": len(texts),
-            "what": what}
+    return {
+        "encode_s": seconds,
+        "text_bytes": text_bytes,
+        "num_tokens": tokens,
+        "num_documents": len(texts),
+        "what": what,
+    }
 
 
 def child_gigatoken(args) -> dict:
@@ -196,24 +208,48 @@ def child_gigatoken(args) -> dict:
         import importlib.metadata
 
         version = importlib.metadata.version("gigatoken")
-    except Exception:  # noqa: BLE001 - the version is only shown
+    except Exception:
         version = "?"
-    return {"encode_s": seconds, "text_bytes": text_bytes, "num_tokens": tokens, "num_documents": len(arr),
-            "what": f"gigatoken {version} encode_files"}
+    return {
+        "encode_s": seconds,
+        "text_bytes": text_bytes,
+        "num_tokens": tokens,
+        "num_documents": len(arr),
+        "what": f"gigatoken {version} encode_files",
+    }
 
 
 # --------------------------------------------------------------------------------------
 # Parent: run children, collect medians, write the table.
 
 
-def run_child(kind: str, args, tokenizer: str, threads: Optional[int] = None, backend: str = "auto",
-              may_fail: bool = False) -> dict:
+def run_child(
+    kind: str, args, tokenizer: str, threads: Optional[int] = None, backend: str = "auto", may_fail: bool = False
+) -> dict:
     threads = threads or args.threads
-    cmd = [sys.executable, __file__, "--child", kind, "--tokenizer-one", tokenizer, "--threads", str(threads),
-           "--backend", backend, "--seqlen", str(args.seqlen), "--format", args.format, "--workdir", args.workdir,
-           "--input", *args.input]
-    env = dict(os.environ, RAYON_NUM_THREADS=str(threads), RAYON_RS_NUM_CPUS=str(threads),
-               TOKENIZERS_PARALLELISM="true")
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        kind,
+        "--tokenizer-one",
+        tokenizer,
+        "--threads",
+        str(threads),
+        "--backend",
+        backend,
+        "--seqlen",
+        str(args.seqlen),
+        "--format",
+        args.format,
+        "--workdir",
+        args.workdir,
+        "--input",
+        *args.input,
+    ]
+    env = dict(
+        os.environ, RAYON_NUM_THREADS=str(threads), RAYON_RS_NUM_CPUS=str(threads), TOKENIZERS_PARALLELISM="true"
+    )
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env)
     out = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
@@ -249,11 +285,12 @@ def machine_info() -> Dict[str, str]:
     for mod in ("tokshuf", "tokenizers", "tiktoken", "gigatoken"):
         try:
             versions[mod] = importlib.metadata.version(mod)
-        except Exception:  # noqa: BLE001 - a missing module is just not reported
+        except Exception:
             versions[mod] = "?"
     try:
-        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
     except OSError:
         commit = "?"
     return {
@@ -321,51 +358,68 @@ def report(args, results: Dict[str, dict]) -> str:
             own_rss = max((x["peak_rss_bytes"] or 0) for x in builds) / 2**20
             note = f"1->{args.threads} threads speed-up {n_mbs / b_mbs:.2f}x" if key == "build_1" else ""
             backend = builds[0]["backend"] + (', tokenizer_backend="reference"' if key == "build_ref" else "")
-            lines.append(f"| {name} | tokshuf build_cache end to end ({backend}) | {threads} | "
-                         f"{b_mbs:.2f} | {med([tps(x) for x in builds]):.2f} | {ratio(b_mbs, ref_mbs)} | "
-                         f"{ratio(b_mbs, giga_mbs)} | {rss:.0f} MiB (own {own_rss:.0f}) | "
-                         f"{med([x['wall_s'] for x in builds]):.2f} | {note} |")
-        for key, label, rows in (("reference", "reference", r["reference"]),
-                                 ("gigatoken", "anchor", r["gigatoken"])):
+            lines.append(
+                f"| {name} | tokshuf build_cache end to end ({backend}) | {threads} | "
+                f"{b_mbs:.2f} | {med([tps(x) for x in builds]):.2f} | {ratio(b_mbs, ref_mbs)} | "
+                f"{ratio(b_mbs, giga_mbs)} | {rss:.0f} MiB (own {own_rss:.0f}) | "
+                f"{med([x['wall_s'] for x in builds]):.2f} | {note} |"
+            )
+        for key, label, rows in (("reference", "reference", r["reference"]), ("gigatoken", "anchor", r["gigatoken"])):
             if not rows:
                 continue
             done = [x for x in rows if "skipped" not in x]
             if not done:
-                lines.append(f"| {name} | {label}: {key} | {args.threads} | - | - | - | - | - | - | "
-                             f"{rows[0]['skipped']} |")
+                lines.append(
+                    f"| {name} | {label}: {key} | {args.threads} | - | - | - | - | - | - | {rows[0]['skipped']} |"
+                )
                 continue
             v = med([mbs(x) for x in done])
-            lines.append(f"| {name} | {label}: {done[0]['what']} (encode only) | {args.threads} | {v:.2f} | "
-                         f"{med([tps(x) for x in done]):.2f} | {ratio(v, ref_mbs)} | {ratio(v, giga_mbs)} | "
-                         f"{max(x['ru_maxrss_bytes'] for x in done) / 2**20:.0f} MiB | "
-                         f"{med([x['encode_s'] for x in done]):.2f} | |")
+            lines.append(
+                f"| {name} | {label}: {done[0]['what']} (encode only) | {args.threads} | {v:.2f} | "
+                f"{med([tps(x) for x in done]):.2f} | {ratio(v, ref_mbs)} | {ratio(v, giga_mbs)} | "
+                f"{max(x['ru_maxrss_bytes'] for x in done) / 2**20:.0f} MiB | "
+                f"{med([x['encode_s'] for x in done]):.2f} | |"
+            )
     # Stage times, in the order the build runs them.
     order = {"tokenize_s": 0, "plan_s": 1, "write_s": 2}
     keys = ("build", "build_1", "build_ref")
-    stages = sorted({k for r in results.values() for key in keys for x in r[key] for k in x["durations"]},
-                    key=lambda k: (order.get(k, 9), k))
-    lines += ["", "Stage times of the builds (median seconds, `build.durations` in tokshuf.json):", "",
-              "| tokenizer | backend | threads | " + " | ".join(k.removesuffix("_s") for k in stages) + " | total |",
-              "|---|---|---:|" + "---:|" * (len(stages) + 1)]
+    stages = sorted(
+        {k for r in results.values() for key in keys for x in r[key] for k in x["durations"]},
+        key=lambda k: (order.get(k, 9), k),
+    )
+    lines += [
+        "",
+        "Stage times of the builds (median seconds, `build.durations` in tokshuf.json):",
+        "",
+        "| tokenizer | backend | threads | " + " | ".join(k.removesuffix("_s") for k in stages) + " | total |",
+        "|---|---|---:|" + "---:|" * (len(stages) + 1),
+    ]
     for name, r in results.items():
         for key, threads in (("build", args.threads), ("build_1", 1), ("build_ref", args.threads)):
             builds = r[key]
             if not builds:
                 continue
             cells = [f"{med([x['durations'].get(k, 0.0) for x in builds]):.2f}" for k in stages]
-            lines.append(f"| {name} | {builds[0]['backend']} | {threads} | " + " | ".join(cells)
-                         + f" | {med([x['total_s'] for x in builds]):.2f} |")
+            lines.append(
+                f"| {name} | {builds[0]['backend']} | {threads} | "
+                + " | ".join(cells)
+                + f" | {med([x['total_s'] for x in builds]):.2f} |"
+            )
     docs = {name: r["build"][0]["num_documents"] for name, r in results.items()}
     text = {name: r["build"][0]["text_bytes"] for name, r in results.items()}
     memo = (MEMO_SLOT_BYTES + MEMO_LONG_BYTES) / 2**20
-    lines += ["", f"Documents: {docs}; text bytes: {text}. The reference rows time only the encode calls on "
-              "documents already in memory; gigatoken's only its `encode_files` call (it reads the files "
-              "itself); the build includes reading, JSON parsing, decompression, windowing, shuffling and "
-              "writing.", "",
-              f"Fast backend memo bound: 2^18 slots x 32 bytes = {MEMO_SLOT_BYTES / 2**20:.0f} MiB per thread "
-              f"and tokenizer, plus at most {MEMO_LONG_BYTES / 2**20:.0f} MiB of long pieces per thread "
-              f"(CACHE_BITS in rust/tokshuf-core/src/fast.rs, LONG_BUDGET in rust/tokshuf-core/src/piece_cache.rs): "
-              f"at most {memo:.0f} MiB x {plural(args.threads, 'thread')} = {memo * args.threads:.0f} MiB per tokenizer."]
+    lines += [
+        "",
+        f"Documents: {docs}; text bytes: {text}. The reference rows time only the encode calls on "
+        "documents already in memory; gigatoken's only its `encode_files` call (it reads the files "
+        "itself); the build includes reading, JSON parsing, decompression, windowing, shuffling and "
+        "writing.",
+        "",
+        f"Fast backend memo bound: 2^18 slots x 32 bytes = {MEMO_SLOT_BYTES / 2**20:.0f} MiB per thread "
+        f"and tokenizer, plus at most {MEMO_LONG_BYTES / 2**20:.0f} MiB of long pieces per thread "
+        f"(CACHE_BITS in rust/tokshuf-core/src/fast.rs, LONG_BUDGET in rust/tokshuf-core/src/piece_cache.rs): "
+        f"at most {memo:.0f} MiB x {plural(args.threads, 'thread')} = {memo * args.threads:.0f} MiB per tokenizer.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -387,17 +441,26 @@ def make_smoke_input(args) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--input", nargs="+", default=[DEFAULT_INPUT],
-                   help=f"input files or folders (default {DEFAULT_INPUT}, from $TOKSHUF_CORPUS)")
+    p.add_argument(
+        "--input",
+        nargs="+",
+        default=[DEFAULT_INPUT],
+        help=f"input files or folders (default {DEFAULT_INPUT}, from $TOKSHUF_CORPUS)",
+    )
     p.add_argument("--tokenizers", default="neox,cl100k", help=f"comma-separated: {', '.join(TOKENIZERS)}")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="default: all usable cores")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--seqlen", type=int, default=2049)
     p.add_argument("--format", default="npy")
-    p.add_argument("--scaling", action=argparse.BooleanOptionalAction, default=None,
-                   help="also build with 1 thread and report the 1->N speed-up (default: on when --threads > 1)")
-    p.add_argument("--with-reference-backend", action="store_true",
-                   help='also build with tokenizer_backend="reference" (slow)')
+    p.add_argument(
+        "--scaling",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also build with 1 thread and report the 1->N speed-up (default: on when --threads > 1)",
+    )
+    p.add_argument(
+        "--with-reference-backend", action="store_true", help='also build with tokenizer_backend="reference" (slow)'
+    )
     p.add_argument("--no-reference", action="store_true", help="only the builds: no reference library, no gigatoken")
     p.add_argument("--smoke", action="store_true", help="~3 MB of the first input file and one run: checks the script")
     p.add_argument("--workdir", default=None, help="scratch folder for the caches (default: a temp folder)")
@@ -437,8 +500,10 @@ def main() -> None:
                 if args.with_reference_backend:
                     steps.append(("build_ref", "build", args.threads, "reference"))
                 if not args.no_reference:
-                    steps += [("reference", "reference", args.threads, "auto"),
-                              ("gigatoken", "gigatoken", args.threads, "auto")]
+                    steps += [
+                        ("reference", "reference", args.threads, "auto"),
+                        ("gigatoken", "gigatoken", args.threads, "auto"),
+                    ]
                 for key, kind, threads, backend in steps:
                     x = run_child(kind, args, name, threads=threads, backend=backend, may_fail=kind == "gigatoken")
                     r[key].append(x)
@@ -447,8 +512,10 @@ def main() -> None:
                     else:
                         secs = x.get("wall_s", x.get("encode_s"))
                         what = x.get("backend") or x.get("what", "")
-                        print(f"{tag} {key} {what} {plural(threads, 'thread')}: {secs:.2f} s ({mbs(x):.2f} MB/s)",
-                              file=sys.stderr)
+                        print(
+                            f"{tag} {key} {what} {plural(threads, 'thread')}: {secs:.2f} s ({mbs(x):.2f} MB/s)",
+                            file=sys.stderr,
+                        )
         text = report(args, results)
         print(text)
         if args.out:

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional
 
 import numpy as np
-
 import tokshuf
 
 
@@ -49,8 +48,10 @@ def measure(name: str, batches: Callable[[], Iterator[np.ndarray]], seconds: flo
 def bench_tokshuf(cache: tokshuf.Cache, batch: int, seconds: float, results: Dict) -> None:
     for dtype in (str(cache.dtype), "int32"):
         for threads in (1, 2, 4):
+
             def run(dtype=dtype, threads=threads):
                 return iter(tokshuf.Reader(cache, batch_size=batch, dtype=dtype, prefetch=2 * threads, threads=threads))
+
             measure(f"tokshuf {dtype} threads={threads}", run, seconds, results)
 
 
@@ -63,8 +64,10 @@ def bench_blend(cache: tokshuf.Cache, batch: int, seconds: float, results: Dict)
         warnings.simplefilter("ignore")  # "listed twice"
         blend = tokshuf.Blend([(cache, 0.7), (tokshuf.Cache(cache.path), 0.3)])
     for threads in (1, 4):
+
         def run(threads=threads):
             return iter(tokshuf.Reader(blend, batch_size=batch, dtype="int32", prefetch=2 * threads, threads=threads))
+
         measure(f"tokshuf blend int32 threads={threads}", run, seconds, results)
     r = tokshuf.Reader(blend, batch_size=batch, prefetch=0)
     for step in (1, 10**9):
@@ -97,6 +100,7 @@ def bench_webdataset(cache: tokshuf.Cache, batch: int, seconds: float, results: 
             if len(rows) == batch:
                 yield np.stack(rows)
                 rows = []
+
     measure("webdataset (stock, .decode())", run, seconds, results)
 
 
@@ -121,6 +125,7 @@ def bench_streaming(cache: tokshuf.Cache, batch: int, seconds: float, results: D
             if len(rows) == batch:
                 yield np.stack(rows)
                 rows = []
+
     measure("mosaicml-streaming (MDS)", run, seconds, results)
 
 
@@ -138,8 +143,14 @@ def bench_litdata(cache: tokshuf.Cache, batch: int, seconds: float, results: Dic
     def rows(i):
         return torch.from_numpy(cache[i].astype(np.int64))
 
-    litdata.optimize(fn=rows, inputs=list(range(n)), output_dir=str(out), chunk_bytes="64MB",
-                     item_loader=TokensLoader(), num_workers=1)
+    litdata.optimize(
+        fn=rows,
+        inputs=list(range(n)),
+        output_dir=str(out),
+        chunk_bytes="64MB",
+        item_loader=TokensLoader(),
+        num_workers=1,
+    )
 
     def run():
         ds = litdata.StreamingDataset(str(out), item_loader=TokensLoader(block_size=cache.seqlen))
@@ -149,6 +160,7 @@ def bench_litdata(cache: tokshuf.Cache, batch: int, seconds: float, results: Dic
             if len(buf) == batch:
                 yield np.stack(buf)
                 buf = []
+
     measure("litdata TokensLoader", run, seconds, results)
 
 
@@ -159,17 +171,20 @@ def bench_memcpy(cache: tokshuf.Cache, batch: int, seconds: float, results: Dict
     def run():
         k = 0
         while True:
-            np.copyto(dst, src[(k % 8) * batch:(k % 8 + 1) * batch])
+            np.copyto(dst, src[(k % 8) * batch : (k % 8 + 1) * batch])
             k += 1
             yield dst
+
     measure(f"memory copy ({cache.dtype})", run, seconds, results)
 
 
 def bench_seek(cache: tokshuf.Cache, batch: int, results: Dict) -> None:
     r = tokshuf.Reader(cache, batch_size=batch, prefetch=0)
     for step in (1, 10**9):
-        for what, fn in (("locate", lambda s=step: r.locate(s * batch)),
-                         ("seek+batch", lambda s=step: (r.seek(step=s), next(r)))):
+        for what, fn in (
+            ("locate", lambda s=step: r.locate(s * batch)),
+            ("seek+batch", lambda s=step: (r.seek(step=s), next(r))),
+        ):
             fn()
             reps = 200
             t0 = time.perf_counter()
@@ -187,14 +202,33 @@ def make_synthetic(root: Path, chunks: int, chunk_size: int, seqlen: int) -> Non
     size = chunk_size * stride + 1024
     with open(root / "manifest.jsonl", "w") as m:
         for c in range(chunks):
-            m.write(json.dumps({"shard": f"shard_{c:08}", "num_sequences": chunk_size, "num_tokens": chunk_size * seqlen,
-                                "bytes": size, "sha256": "0" * 64}) + "\n")
+            m.write(
+                json.dumps(
+                    {
+                        "shard": f"shard_{c:08}",
+                        "num_sequences": chunk_size,
+                        "num_tokens": chunk_size * seqlen,
+                        "bytes": size,
+                        "sha256": "0" * 64,
+                    }
+                )
+                + "\n"
+            )
     for c in range(chunks):
         with open(root / f"shard_{c:08}.tar", "wb") as f:
             f.truncate(size)
-    meta = {"format_version": 1, "status": "complete", "seqlen": seqlen, "dtype": "uint16", "format": "npy",
-            "chunk_size": chunk_size, "num_chunks": chunks, "num_contexts": chunks * chunk_size,
-            "shuffle": True, "recipe": {"synthetic": chunks}}
+    meta = {
+        "format_version": 1,
+        "status": "complete",
+        "seqlen": seqlen,
+        "dtype": "uint16",
+        "format": "npy",
+        "chunk_size": chunk_size,
+        "num_chunks": chunks,
+        "num_contexts": chunks * chunk_size,
+        "shuffle": True,
+        "recipe": {"synthetic": chunks},
+    }
     (root / "tokshuf.json").write_text(json.dumps(meta))
 
 

@@ -30,8 +30,9 @@ def main() -> None:
     if not files:
         raise SystemExit(f"no inputs match {args.inputs}")
     t = time.perf_counter()
-    tokshuf.build_cache(files, args.cache, seqlen=args.seqlen, chunk_size=args.chunk_size,
-                        format=args.format, progress=False)
+    tokshuf.build_cache(
+        files, args.cache, seqlen=args.seqlen, chunk_size=args.chunk_size, format=args.format, progress=False
+    )
     print(f"build (or reuse): {time.perf_counter() - t:.1f} s")
     meta = json.load(open(os.path.join(args.cache, "tokshuf.json")))
     for full in (False, True):
@@ -39,9 +40,11 @@ def main() -> None:
         report = tokshuf.verify(args.cache, full=full)
         secs = time.perf_counter() - t
         assert report.ok, report.summary()
-        print(f"verify full={full}: {report.num_shards} shards, {report.num_contexts:,} contexts, "
-              f"{report.num_bytes / 1e6:,.0f} MB in {secs:.2f} s = {report.num_bytes / 1e6 / secs:,.0f} MB/s "
-              f"({meta['format']}, seqlen {meta['seqlen']})")
+        print(
+            f"verify full={full}: {report.num_shards} shards, {report.num_contexts:,} contexts, "
+            f"{report.num_bytes / 1e6:,.0f} MB in {secs:.2f} s = {report.num_bytes / 1e6 / secs:,.0f} MB/s "
+            f"({meta['format']}, seqlen {meta['seqlen']})"
+        )
 
 
 if __name__ == "__main__":

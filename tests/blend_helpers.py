@@ -56,8 +56,13 @@ Layout = Tuple[Sequence[int], int]  # (chunk sizes, chunk_size) of one cache
 
 
 def reference_blend(
-    layouts: Sequence[Layout], weights: Sequence[float], quantum: int, r_star: int, seed: int,
-    reshuffle: bool, count: int,
+    layouts: Sequence[Layout],
+    weights: Sequence[float],
+    quantum: int,
+    r_star: int,
+    seed: int,
+    reshuffle: bool,
+    count: int,
 ) -> List[Tuple[int, int, int]]:
     """(component, chunk, index) of blended examples 0..count: draw k, e from the greedy loop,
     then component k's example[e] from the §6 reference with the same R* and seed."""
@@ -68,8 +73,9 @@ def reference_blend(
     return [(k, *own[k][e]) for k, e in draws]
 
 
-def reference_blend_single_pass(layouts: Sequence[Layout], weights: Sequence[float], quantum: int,
-                                count: int) -> List[Tuple[int, int, int]]:
+def reference_blend_single_pass(
+    layouts: Sequence[Layout], weights: Sequence[float], quantum: int, count: int
+) -> List[Tuple[int, int, int]]:
     """The single pass: component k's example e is its context e mod size in manifest order."""
     q, _ = ref_quantise(weights, quantum)
     flat = [[(c, i) for c, n in enumerate(sizes) for i in range(n)] for sizes, _ in layouts]
@@ -88,8 +94,10 @@ def single_pass_length(layouts: Sequence[Layout], weights: Sequence[float], quan
 
 def write_blend_caches(root: Path, layouts: Sequence[Layout], fmt: str = "npy") -> List[Path]:
     """One synthetic cache per layout; cache k's contexts carry tag k (see tagged_addresses)."""
-    return [write_cache(root / f"c{k}", sizes, cs, fmt=fmt, tag=k, extra={"tokenizer": TOK})
-            for k, (sizes, cs) in enumerate(layouts)]
+    return [
+        write_cache(root / f"c{k}", sizes, cs, fmt=fmt, tag=k, extra={"tokenizer": TOK})
+        for k, (sizes, cs) in enumerate(layouts)
+    ]
 
 
 def fake_cache(root: Path, name: str, num_contexts: int, seqlen: int = 64, dtype: str = "uint16", **meta) -> Path:
@@ -106,9 +114,18 @@ def manifest_only_cache(root: Path, name: str, num_contexts: int, seqlen: int = 
 
     d = root / name
     d.mkdir(parents=True)
-    meta = {"format_version": 1, "status": "complete", "seqlen": seqlen, "dtype": "uint16", "format": "npy",
-            "chunk_size": num_contexts, "num_chunks": 1, "num_contexts": num_contexts, "recipe": {},
-            "tokenizer": TOK}
+    meta = {
+        "format_version": 1,
+        "status": "complete",
+        "seqlen": seqlen,
+        "dtype": "uint16",
+        "format": "npy",
+        "chunk_size": num_contexts,
+        "num_chunks": 1,
+        "num_contexts": num_contexts,
+        "recipe": {},
+        "tokenizer": TOK,
+    }
     (d / "tokshuf.json").write_text(json.dumps(meta))
     (d / "manifest.jsonl").write_text(json.dumps({"shard": "shard_00000000", "num_sequences": num_contexts}) + "\n")
     return tokshuf.Cache(d, check_files=False)

@@ -39,7 +39,7 @@ def make_docs(n: int, seed: int = 0) -> List[str]:
     import random
 
     rng = random.Random(seed)
-    words = "the of and to in a is that for it as was with be by on not he this are or his".split()
+    words = ["the", "of", "and", "to", "in", "a", "is", "that", "for", "it", "as", "was", "with", "be", "by", "on", "not", "he", "this", "are", "or", "his"]
     return [" ".join(rng.choice(words) for _ in range(rng.randint(1, 400))) + "." for _ in range(n)]
 
 

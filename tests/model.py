@@ -21,7 +21,6 @@ from hashref import (  # noqa: F401  (re-exported for the tests)
     mix64,
 )
 
-
 # --------------------------------------------------------------------------------------
 # Windowing and chunk order
 
@@ -40,8 +39,8 @@ def model_streams(files_docs, encode, seqlen, tail, bos, pad, eot):
             ids += ([bos] if bos is not None else []) + encode(d) + [eot]
         stats["num_tokens"] += len(ids)
         n = len(ids) // seqlen
-        contexts = [ids[i * seqlen:(i + 1) * seqlen] for i in range(n)]
-        rest = ids[n * seqlen:]
+        contexts = [ids[i * seqlen : (i + 1) * seqlen] for i in range(n)]
+        rest = ids[n * seqlen :]
         if tail == "pad" and rest:
             contexts.append(rest + [pad] * (seqlen - len(rest)))
             stats["num_padding_tokens"] += seqlen - len(rest)
@@ -54,8 +53,8 @@ def model_streams(files_docs, encode, seqlen, tail, bos, pad, eot):
     if tail == "stitch":
         # The stitched tails are one more stream, with the file index after the last file.
         n = len(tails) // seqlen
-        contexts = [tails[i * seqlen:(i + 1) * seqlen] for i in range(n)]
-        rest = tails[n * seqlen:]
+        contexts = [tails[i * seqlen : (i + 1) * seqlen] for i in range(n)]
+        rest = tails[n * seqlen :]
         if rest:
             contexts.append(rest + [pad] * (seqlen - len(rest)))
             stats["num_padding_tokens"] += seqlen - len(rest)
@@ -67,7 +66,7 @@ def model_round_robin(streams, chunk_size, stitched=False):
     """shuffle=False: chunk c is the (c div K)-th chunk of input file c mod K, exhausted ones
     dropped; the stitched tails (the last stream when ``stitched``) come after every round,
     since they are only known once every file is done and streaming must not wait for them."""
-    per_stream = [[s[i:i + chunk_size] for i in range(0, len(s), chunk_size)] for s in streams]
+    per_stream = [[s[i : i + chunk_size] for i in range(0, len(s), chunk_size)] for s in streams]
     tail_chunks = per_stream.pop() if stitched else []
     chunks = []
     for j in range(max((len(p) for p in per_stream), default=0)):
@@ -90,4 +89,4 @@ def shuffled_ids(counts: Sequence[int], seed: int, cells: int) -> List[tuple]:
 def model_shuffle(streams, seed: int, cells: int, chunk_size: int):
     """Chunks of contexts of a shuffled cache."""
     order = [streams[f][p] for f, p in shuffled_ids([len(s) for s in streams], seed, cells)]
-    return [order[i:i + chunk_size] for i in range(0, len(order), chunk_size)]
+    return [order[i : i + chunk_size] for i in range(0, len(order), chunk_size)]

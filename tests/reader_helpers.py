@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
-
 from hashref import DOMAIN_CHUNK_PERM, DOMAIN_CONTEXT_PERM, Permutation, combine, mix64  # noqa: F401
 
 
@@ -138,7 +137,9 @@ def write_cache(
         buf.write(b"\0" * 1024)
         data = buf.getvalue()
         (root / f"shard_{c:08}.tar").write_bytes(data)
-        lines.append({"shard": f"shard_{c:08}", "num_sequences": n, "num_tokens": n * seqlen, "bytes": len(data), "sha256": ""})
+        lines.append(
+            {"shard": f"shard_{c:08}", "num_sequences": n, "num_tokens": n * seqlen, "bytes": len(data), "sha256": ""}
+        )
     (root / "manifest.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
     meta = {
         "format_version": 1,

@@ -19,9 +19,8 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 import pytest
-import zstandard
-
 import tokshuf
+import zstandard
 from cachecheck import assert_cache_holds, read_chunks
 from conftest import make_docs, write_jsonl
 
@@ -132,7 +131,11 @@ def test_skip_counts_add_up_over_reasons_and_files(tmp_path, tok):
     stats = build([a, b], tmp_path / "out", errors="skip")
     meta = stats.metadata
     assert meta["skipped"] == {
-        "text_not_string": 2, "missing_text": 1, "invalid_json": 1, "invalid_utf8": 7, "not_an_object": 1,
+        "text_not_string": 2,
+        "missing_text": 1,
+        "invalid_json": 1,
+        "invalid_utf8": 7,
+        "not_an_object": 1,
     }
     # At most five examples per reason, in file and line order.
     assert [e.split(": ", 1)[0] for e in meta["skipped_examples"]["invalid_utf8"]] == [f"{a}:{n}" for n in range(7, 12)]
@@ -146,8 +149,11 @@ def test_skip_counts_add_up_over_reasons_and_files(tmp_path, tok):
 
 
 def test_utf8_bom_at_file_start_is_ignored(tmp_path, tok):
-    for name, compress in [("a.jsonl", bytes), ("b.jsonl.gz", lambda b: gzip.compress(b, mtime=0)),
-                           ("c.jsonl.zst", zstandard.ZstdCompressor().compress)]:
+    for name, compress in [
+        ("a.jsonl", bytes),
+        ("b.jsonl.gz", lambda b: gzip.compress(b, mtime=0)),
+        ("c.jsonl.zst", zstandard.ZstdCompressor().compress),
+    ]:
         (tmp_path / "in").mkdir(exist_ok=True)
         (tmp_path / "in" / name).write_bytes(compress(b"\xef\xbb\xbf" + jsonl_bytes(GOOD)))
     files = sorted((tmp_path / "in").iterdir())
@@ -252,10 +258,12 @@ def test_line_of_one_million_repeated_characters(tmp_path, tok):
     got = np.concatenate(read_chunks(tmp_path / "out"))
     want = np.concatenate([np.array(tok.encode(d) + [meta["eot_id"]]) for d in docs])
     np.testing.assert_array_equal(got[: len(want)], want)
-    assert (got[len(want):] == meta["pad_id"]).all()
+    assert (got[len(want) :] == meta["pad_id"]).all()
 
 
-@pytest.mark.parametrize("run", [" ", "\n", "\t", " \n", "\u3000"], ids=["space", "newline", "tab", "space-nl", "ideographic"])
+@pytest.mark.parametrize(
+    "run", [" ", "\n", "\t", " \n", "\u3000"], ids=["space", "newline", "tab", "space-nl", "ideographic"]
+)
 def test_million_char_whitespace_runs(tmp_path, tok, run):
     """fancy-regex gives up on ~1M-character runs (Python tiktoken panics there); the build must
     still give the ids the tokenizer's pattern defines."""
@@ -278,8 +286,12 @@ def test_long_whitespace_runs_split_as_the_pattern_says(enc, monkeypatch):
     monkeypatch.setattr(openai_public, "load_tiktoken_bpe", lambda *a, **k: {})  # only the pattern
     pat = getattr(openai_public, enc)()["pat_str"]
     t = tokshuf.Tokenizer(f"tiktoken:{enc}")
-    for text in ["x" + " " * 1_000_000 + "b", "y" + " \t" * 600_000 + "\n  z", "\t" * 1_000_001,
-                 "q" + "\u2003" * 1_100_000 + "!"]:
+    for text in [
+        "x" + " " * 1_000_000 + "b",
+        "y" + " \t" * 600_000 + "\n  z",
+        "\t" * 1_000_001,
+        "q" + "\u2003" * 1_100_000 + "!",
+    ]:
         pieces = regex.findall(pat, text)
         assert "".join(pieces) == text
         want = [i for p in pieces for i in t.encode(p)]
@@ -314,12 +326,13 @@ def check_repeated_unit(out: Path, tok, unit: str, k: int, rest: List[str]) -> N
     with a space and ends with a period), so its ids are tok.encode(unit) tiled k times."""
     meta = json.loads((out / "tokshuf.json").read_text())
     eot = meta["eot_id"]
-    want = np.concatenate([np.tile(np.array(tok.encode(unit)), k), [eot]]
-                          + [np.array(tok.encode(d) + [eot]) for d in rest])
+    want = np.concatenate(
+        [np.tile(np.array(tok.encode(unit)), k), [eot]] + [np.array(tok.encode(d) + [eot]) for d in rest]
+    )
     got = np.concatenate(read_chunks(out))
     assert meta["num_tokens"] == len(want)
     np.testing.assert_array_equal(got[: len(want)], want)
-    assert (got[len(want):] == meta["pad_id"]).all() and len(got) - len(want) == meta["num_padding_tokens"]
+    assert (got[len(want) :] == meta["pad_id"]).all() and len(got) - len(want) == meta["num_padding_tokens"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -337,21 +350,32 @@ def zst_frames(*parts: bytes, checksum: bool = False) -> List[bytes]:
 FIRST, SECOND = GOOD[:7], GOOD[7:]
 STREAMS = {
     # name: (suffix, bytes, line of the failure)
-    "gz-truncated-in-second-member": (".jsonl.gz", lambda: b"".join(gz_members(jsonl_bytes(FIRST)))
-                                      + gz_members(jsonl_bytes(SECOND))[0][:6]),
-    "gz-second-member-header-damaged": (".jsonl.gz", lambda: (lambda m: m[0] + b"\x00" + m[1][1:])(
-        gz_members(jsonl_bytes(FIRST), jsonl_bytes(SECOND)))),
+    "gz-truncated-in-second-member": (
+        ".jsonl.gz",
+        lambda: b"".join(gz_members(jsonl_bytes(FIRST))) + gz_members(jsonl_bytes(SECOND))[0][:6],
+    ),
+    "gz-second-member-header-damaged": (
+        ".jsonl.gz",
+        lambda: (lambda m: m[0] + b"\x00" + m[1][1:])(gz_members(jsonl_bytes(FIRST), jsonl_bytes(SECOND))),
+    ),
     "gz-trailing-garbage": (".jsonl.gz", lambda: gz_members(jsonl_bytes(FIRST))[0] + b"garbage!" * 4),
-    "zst-truncated-in-second-frame": (".jsonl.zst", lambda: (lambda f: f[0] + f[1][: len(f[1]) // 2])(
-        zst_frames(jsonl_bytes(FIRST), jsonl_bytes(SECOND)))),
-    "zst-second-frame-magic-damaged": (".jsonl.zst", lambda: (lambda f: f[0] + b"\x00" + f[1][1:])(
-        zst_frames(jsonl_bytes(FIRST), jsonl_bytes(SECOND)))),
+    "zst-truncated-in-second-frame": (
+        ".jsonl.zst",
+        lambda: (lambda f: f[0] + f[1][: len(f[1]) // 2])(zst_frames(jsonl_bytes(FIRST), jsonl_bytes(SECOND))),
+    ),
+    "zst-second-frame-magic-damaged": (
+        ".jsonl.zst",
+        lambda: (lambda f: f[0] + b"\x00" + f[1][1:])(zst_frames(jsonl_bytes(FIRST), jsonl_bytes(SECOND))),
+    ),
 }
 
 
 @pytest.mark.parametrize("name", sorted(STREAMS))
 def test_damaged_stream_after_good_data(tmp_path, tok, name):
-    suffix, make, = STREAMS[name][:2]
+    (
+        suffix,
+        make,
+    ) = STREAMS[name][:2]
     src = tmp_path / f"damaged{suffix}"
     src.write_bytes(make())
     line = len(FIRST) + 1
@@ -456,7 +480,10 @@ def test_inputs_without_any_context_build_an_empty_cache(tmp_path, tok, errors):
 def test_short_documents_dropped_by_tail_policy(tmp_path):
     src = write_jsonl(tmp_path / "a.jsonl", ["tiny"])
     stats = build([src], tmp_path / "out", tail="drop")
-    assert stats.num_contexts == 0 and stats.metadata["dropped_tokens"] == len(tokshuf.Tokenizer(tokshuf.DEFAULT_TOKENIZER).encode("tiny")) + 1
+    assert (
+        stats.num_contexts == 0
+        and stats.metadata["dropped_tokens"] == len(tokshuf.Tokenizer(tokshuf.DEFAULT_TOKENIZER).encode("tiny")) + 1
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -492,9 +519,30 @@ def test_directory_given_as_file_to_core(tmp_path):
     build([d], tmp_path / "out")
     # ...and the core refuses one passed as a file, naming it.
     with pytest.raises(tokshuf.TokshufIOError, match="is a directory"):
-        tokshuf._core.build_cache([str(d)], str(tmp_path / "o2"), tokshuf.DEFAULT_TOKENIZER, 64, 8, None, None, 0, 1,
-                                  "text", "npy", "stitch", None, None, False, None, False, True, 1 << 30, "raise",
-                                  False, False)
+        tokshuf._core.build_cache(
+            [str(d)],
+            str(tmp_path / "o2"),
+            tokshuf.DEFAULT_TOKENIZER,
+            64,
+            8,
+            None,
+            None,
+            0,
+            1,
+            "text",
+            "npy",
+            "stitch",
+            None,
+            None,
+            False,
+            None,
+            False,
+            True,
+            1 << 30,
+            "raise",
+            False,
+            False,
+        )
 
 
 def test_same_file_given_twice_is_read_once(tmp_path, tok):
@@ -544,7 +592,7 @@ def _as_nobody(fn) -> dict:
             try:
                 fn()
                 res = {"error": None}
-            except BaseException as e:  # noqa: BLE001 - reported to the parent
+            except BaseException as e:
                 res = {"error": [c.__name__ for c in type(e).__mro__], "message": str(e)}
             os.write(w, json.dumps(res).encode())
         finally:

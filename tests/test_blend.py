@@ -12,13 +12,13 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
-
 import tokshuf
 from blend_helpers import TOK, fake_cache, manifest_only_cache, ref_draws, ref_quantise
+from hypothesis import given
+from hypothesis import strategies as st
 from tokshuf._cli_blend import add_blend_arguments, blend_from_args, parse_blend_spec
 from tokshuf._core import BlendSchedule
+
 
 def period_counts(schedule: BlendSchedule) -> np.ndarray:
     """C_i(j) for j = 0..D (counts after j draws), from the schedule's own period."""
@@ -43,9 +43,7 @@ def test_schedule_equals_reference_loop(weights, extra, periods, data):
     length = periods * quantum + data.draw(st.integers(0, quantum))
     ks, es = s.locate_many(np.arange(length, dtype=np.uint64))
     _, wrapped = s.locate_many(np.arange(length, dtype=np.uint64), np.array(sizes, dtype=np.uint64))
-    for m, ((k, sample, counts), (k2, wrap, _)) in enumerate(
-        zip(ref_draws(q, length), ref_draws(q, length, sizes))
-    ):
+    for m, ((k, sample, counts), (k2, wrap, _)) in enumerate(zip(ref_draws(q, length), ref_draws(q, length, sizes))):
         assert (int(ks[m]), int(es[m])) == (k, sample) == s.locate(m)
         assert (int(ks[m]), int(wrapped[m])) == (k2, wrap) == s.locate(m, sizes)
         assert s.counts(m + 1) == counts
@@ -177,6 +175,7 @@ def test_thousand_datasets_single_pass(tmp_path):
 
 # ---------------------------------------------------------------------------------------------
 # tokshuf.Blend over caches.
+
 
 @given(weights=st.lists(st.floats(0.01, 100), min_size=1, max_size=6), data=st.data())
 def test_blend_locates_like_reference(weights, data):

@@ -18,9 +18,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 import tokshuf
 from blend_helpers import (
     ref_draws,
@@ -30,6 +27,8 @@ from blend_helpers import (
     single_pass_length,
     write_blend_caches,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from reader_helpers import reference_example_far, tagged_addresses
 
 # Random weights can round to 0 draws per period; that is warned about (test_blend.py) and fine.
@@ -85,8 +84,9 @@ def test_blend_reader_equals_reference_for_every_world_size(blend, r_star, batch
         paths = write_blend_caches(Path(tmp), layouts, fmt=fmt)
         b = tokshuf.Blend(list(zip(paths, weights)), seed=seed, quantum=quantum)
         for world in [w for w in (1, 2, 3, 4, 6, 12) if batch_size % w == 0]:
-            got = read_global(b, batch_size, world, steps, ideal_readers=r_star, reshuffle=reshuffle,
-                              prefetch=world % 3)
+            got = read_global(
+                b, batch_size, world, steps, ideal_readers=r_star, reshuffle=reshuffle, prefetch=world % 3
+            )
             flat = [a for batch in got for a in batch]
             assert flat == want, (world, quantum)
 
@@ -133,9 +133,9 @@ def test_seek_to_any_step_equals_reading_up_to_it(blend_paths):
     flat = np.concatenate(straight)
     for x in [1, 17, 100]:
         r.seek(example=x)
-        np.testing.assert_array_equal(next(r), flat[x:x + batch])
+        np.testing.assert_array_equal(next(r), flat[x : x + batch])
         r.seek(tokens=x * r.seqlen)
-        np.testing.assert_array_equal(next(r), flat[x:x + batch])
+        np.testing.assert_array_equal(next(r), flat[x : x + batch])
     r2 = tokshuf.Reader(b, batch_size=batch, ideal_readers=2, start_step=9, world_size=3, rank=2, prefetch=0)
     np.testing.assert_array_equal(next(r2), straight[9][2::3])
     np.testing.assert_array_equal(r2.batch_at(31), straight[31][2::3])
@@ -161,7 +161,8 @@ def test_far_seek_equals_the_definition(blend_paths, reshuffle):
             want.append((k, *reference_example_far(sizes, cs, r_star, SEED, reshuffle, e)))
         assert got == want, step
         assert [r.locate(m)[0] for m in range(step * batch, step * batch + 4)] == [
-            period[m % QUANTUM][0] for m in range(step * batch, step * batch + 4)]
+            period[m % QUANTUM][0] for m in range(step * batch, step * batch + 4)
+        ]
 
 
 RESUME_SCRIPT = r"""
@@ -178,7 +179,9 @@ print(json.dumps({"batches": out, "state": r.state_dict()}))
 
 def run_reader(**cfg):
     cfg = {"weights": WEIGHTS, "seed": SEED, "quantum": QUANTUM, **cfg}
-    p = subprocess.run([sys.executable, "-c", RESUME_SCRIPT, json.dumps(cfg)], capture_output=True, text=True, check=False)
+    p = subprocess.run(
+        [sys.executable, "-c", RESUME_SCRIPT, json.dumps(cfg)], capture_output=True, text=True, check=False
+    )
     assert p.returncode == 0, p.stderr
     return json.loads(p.stdout)
 
@@ -253,7 +256,9 @@ def test_single_pass_covers_every_example_of_every_cache(blend, world, per_rank)
                     got[s * batch + rank + j * world] = addr
         dropped = list(tokshuf.Reader(b, batch_size=batch, single_pass=True, drop_last=True))
     assert got == want
-    assert set(got) == {(k, c, i) for k, (sizes, _) in enumerate(layouts) for c, m in enumerate(sizes) for i in range(m)}
+    assert set(got) == {
+        (k, c, i) for k, (sizes, _) in enumerate(layouts) for c, m in enumerate(sizes) for i in range(m)
+    }
     assert len(dropped) == n // batch and all(len(x) == batch for x in dropped)
 
 
@@ -266,8 +271,20 @@ def cli(*args, ok=True):
 
 def test_cli_read_blend_same_global_checksums_for_every_world_size(blend_paths):
     specs = [x for p, w in zip(blend_paths, WEIGHTS) for x in ("--blend", f"{p}:{w}")]
-    base = ["read", *specs, "--blend-quantum", QUANTUM, "--seed", SEED, "--batch-size", 6, "--steps", 5,
-            "--ideal-readers", 2]
+    base = [
+        "read",
+        *specs,
+        "--blend-quantum",
+        QUANTUM,
+        "--seed",
+        SEED,
+        "--batch-size",
+        6,
+        "--steps",
+        5,
+        "--ideal-readers",
+        2,
+    ]
     outs = {w: cli(*base, "--global", "--world-size", w) for w in (1, 2, 3)}
     body = {w: [x for x in o.splitlines() if not x.startswith("# blend")] for w, o in outs.items()}
     assert body[1] == body[2] == body[3] and len(body[1]) == 6

@@ -11,16 +11,15 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
+import cacheio
 import numpy as np
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
-
-import cacheio
-from model import model_round_robin, model_streams
 import tokref
 import tokshuf
 from conftest import make_docs, write_jsonl
+from hypothesis import given
+from hypothesis import strategies as st
+from model import model_round_robin, model_streams
 
 SPEC = "tiktoken:r50k_base"
 EOT = 50256
@@ -59,8 +58,7 @@ def test_byte_identical_for_any_threads_and_reruns(corpus, tmp_path, fmt):
     build(corpus, tmp_path / "t2", threads=2, format=fmt, **OPTS)
     # Another folder, another scratch folder, a memory budget that forces stage 2 to walk the
     # cells in many small groups: none of it may change a byte.
-    build(corpus, tmp_path / "t3", threads=2, format=fmt, memory_limit=1,
-          local_cell_dir=tmp_path / "scratch", **OPTS)
+    build(corpus, tmp_path / "t3", threads=2, format=fmt, memory_limit=1, local_cell_dir=tmp_path / "scratch", **OPTS)
     files = cacheio.file_bytes(tmp_path / "t1")
     assert one.num_chunks > 5 and len(files) == one.num_chunks + 2
     assert cacheio.file_bytes(tmp_path / "t2") == files
@@ -105,8 +103,9 @@ def test_byte_identical_with_many_batches_per_file(tmp_path):
 # --------------------------------------------------------------------------------------
 # Windowing and tails, against the model, with hypothesis.
 
-WORDS = st.sampled_from(["the", " cat", " sat", "on", " the", " mat", ".", "\n", "  ", " 42",
-                         " don't", "日本", " é", "<|endoftext|>", "!"])
+WORDS = st.sampled_from(
+    ["the", " cat", " sat", "on", " the", " mat", ".", "\n", "  ", " 42", " don't", "日本", " é", "<|endoftext|>", "!"]
+)
 DOC = st.lists(WORDS, max_size=10).map("".join)  # "" is an empty document (skipped, counted)
 FILES = st.lists(st.lists(DOC, max_size=6), min_size=1, max_size=3)
 
@@ -116,9 +115,14 @@ def encode():
     return tokref.tiktoken_reference("r50k_base").encode_ordinary
 
 
-@given(files=FILES, seqlen=st.integers(1, 12), chunk_size=st.integers(1, 4),
-       tail=st.sampled_from(["stitch", "pad", "drop"]), bos=st.booleans(),
-       fmt=st.sampled_from(["npy", "json.gz"]))
+@given(
+    files=FILES,
+    seqlen=st.integers(1, 12),
+    chunk_size=st.integers(1, 4),
+    tail=st.sampled_from(["stitch", "pad", "drop"]),
+    bos=st.booleans(),
+    fmt=st.sampled_from(["npy", "json.gz"]),
+)
 def test_windowing_matches_model(encode, files, seqlen, chunk_size, tail, bos, fmt):
     streams, stats = model_streams(files, encode, seqlen, tail, BOS if bos else None, PAD, EOT)
     assert not {PAD, BOS} & {t for docs in files for d in docs for t in encode(d)}
@@ -126,8 +130,15 @@ def test_windowing_matches_model(encode, files, seqlen, chunk_size, tail, bos, f
     with tempfile.TemporaryDirectory() as tmp:
         paths = [write_jsonl(Path(tmp) / "in" / f"f{i}.jsonl", docs) for i, docs in enumerate(files)]
         out = Path(tmp) / "cache"
-        kw = dict(seqlen=seqlen, chunk_size=chunk_size, tail=tail, format=fmt, pad_id=PAD,
-                  bos=bos, bos_id=BOS if bos else None)
+        kw = dict(
+            seqlen=seqlen,
+            chunk_size=chunk_size,
+            tail=tail,
+            format=fmt,
+            pad_id=PAD,
+            bos=bos,
+            bos_id=BOS if bos else None,
+        )
         result = build(paths, out, shuffle=False, **kw)
         got = [[c.tolist() for c in ch] for ch in cacheio.read_chunks(out)]
         assert got == expected
@@ -145,14 +156,27 @@ def test_windowing_matches_model(encode, files, seqlen, chunk_size, tail, bos, f
         assert multiset(cacheio.read_contexts(Path(tmp) / "shuffled")) == multiset(everything)
 
 
-@given(docs=st.lists(DOC, max_size=12), seqlen=st.integers(1, 9),
-       tail=st.sampled_from(["stitch", "pad", "drop"]), bos=st.booleans())
+@given(
+    docs=st.lists(DOC, max_size=12),
+    seqlen=st.integers(1, 9),
+    tail=st.sampled_from(["stitch", "pad", "drop"]),
+    bos=st.booleans(),
+)
 def test_removing_padding_and_splitting_on_eot_gives_documents_back(encode, docs, seqlen, tail, bos):
     """Model-free: one input file, read the cache, strip padding, split on EOT."""
     with tempfile.TemporaryDirectory() as tmp:
         path = write_jsonl(Path(tmp) / "one.jsonl", docs)
-        build(path, Path(tmp) / "c", shuffle=False, seqlen=seqlen, chunk_size=2, tail=tail,
-              pad_id=PAD, bos=bos, bos_id=BOS if bos else None)
+        build(
+            path,
+            Path(tmp) / "c",
+            shuffle=False,
+            seqlen=seqlen,
+            chunk_size=2,
+            tail=tail,
+            pad_id=PAD,
+            bos=bos,
+            bos_id=BOS if bos else None,
+        )
         contexts = cacheio.read_contexts(Path(tmp) / "c")
     # With one file the only padded context is the tail (placed last in any case).
     padded = [c for c in contexts if PAD in c]
@@ -242,8 +266,9 @@ def test_open_lm_reads_json_gz_including_the_last_shard(corpus, tmp_path):
     assert got == cacheio.read_contexts(tmp_path / "npy")
 
 
-@pytest.mark.parametrize("tokenizer,seqlen,dtype", [(SPEC, 50, "uint16"), (SPEC, 2049, "uint16"),
-                                                     ("tiktoken:cl100k_base", 253, "uint32")])
+@pytest.mark.parametrize(
+    "tokenizer,seqlen,dtype", [(SPEC, 50, "uint16"), (SPEC, 2049, "uint16"), ("tiktoken:cl100k_base", 253, "uint32")]
+)
 def test_npy_members_at_fixed_stride(corpus, tmp_path, tokenizer, seqlen, dtype):
     out = tmp_path / "c"
     build(corpus, out, tokenizer=tokenizer, seqlen=seqlen, chunk_size=7, num_local_cells=3)
@@ -269,7 +294,7 @@ def test_npy_members_at_fixed_stride(corpus, tmp_path, tokenizer, seqlen, dtype)
             assert (mem.size, mem.mtime, mem.uid, mem.gid, mem.mode) == (data_len, 0, 0, 0, 0o644)
             assert mem.type == tarfile.REGTYPE and not mem.pax_headers
             # Byte-identical to what numpy.save writes for the same array.
-            body = raw[mem.offset_data:mem.offset_data + data_len]
+            body = raw[mem.offset_data : mem.offset_data + data_len]
             again = io.BytesIO()
             np.save(again, np.load(io.BytesIO(body)))
             assert again.getvalue() == body
@@ -278,9 +303,28 @@ def test_npy_members_at_fixed_stride(corpus, tmp_path, tokenizer, seqlen, dtype)
 def test_manifest_and_metadata_fields(npy_cache):
     meta = cacheio.metadata(npy_cache)
     manifest = cacheio.manifest(npy_cache)
-    for key in ("format_version", "status", "tokenizer", "eot_id", "pad_id", "bos_id", "seqlen", "dtype",
-                "chunk_size", "num_chunks", "num_contexts", "num_documents", "num_tokens", "seed", "tail",
-                "format", "inputs", "bytes_in", "skipped", "build"):
+    for key in (
+        "format_version",
+        "status",
+        "tokenizer",
+        "eot_id",
+        "pad_id",
+        "bos_id",
+        "seqlen",
+        "dtype",
+        "chunk_size",
+        "num_chunks",
+        "num_contexts",
+        "num_documents",
+        "num_tokens",
+        "seed",
+        "tail",
+        "format",
+        "inputs",
+        "bytes_in",
+        "skipped",
+        "build",
+    ):
         assert key in meta, key
     assert meta["status"] == "complete" and meta["num_chunks"] == len(manifest)
     assert set(meta["tokenizer"]) >= {"spec", "sha256", "vocab_size"}
@@ -293,7 +337,9 @@ def test_manifest_and_metadata_fields(npy_cache):
 
         assert m["bytes"] == len(data) and m["sha256"] == hashlib.sha256(data).hexdigest()
     assert sum(m["num_tokens"] for m in manifest) == meta["num_tokens"]
-    assert sorted(os.listdir(npy_cache)) == ["manifest.jsonl"] + [f"{m['shard']}.tar" for m in manifest] + ["tokshuf.json"]
+    assert sorted(os.listdir(npy_cache)) == ["manifest.jsonl"] + [f"{m['shard']}.tar" for m in manifest] + [
+        "tokshuf.json"
+    ]
 
 
 # --------------------------------------------------------------------------------------
@@ -320,7 +366,11 @@ def test_complete_build_returns_at_once(corpus, tmp_path):
     mtimes = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
     again = build(corpus, out, threads=1, **OPTS)
     assert again.metadata == first.metadata
-    assert (again.num_chunks, again.num_contexts, again.num_tokens) == (first.num_chunks, first.num_contexts, first.num_tokens)
+    assert (again.num_chunks, again.num_contexts, again.num_tokens) == (
+        first.num_chunks,
+        first.num_contexts,
+        first.num_tokens,
+    )
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == mtimes
 
 
@@ -340,10 +390,15 @@ def test_cli_quick_start(tmp_path):
 
     sample = Path(__file__).parent / "data" / "sample"
     out = tmp_path / "demo"
-    r = subprocess.run([sys.executable, "-m", "tokshuf", "build", "--input", str(sample), "--output", str(out)],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "tokshuf", "build", "--input", str(sample), "--output", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     meta = cacheio.metadata(out)
     assert meta["status"] == "complete" and meta["num_documents"] == sum(
-        1 for p in sample.glob("*.jsonl") for _ in p.open(encoding="utf-8"))
+        1 for p in sample.glob("*.jsonl") for _ in p.open(encoding="utf-8")
+    )
     assert "tokshuf:" in r.stdout

@@ -33,13 +33,12 @@ from pathlib import Path
 from typing import List, Optional, Tuple
 
 import pytest
+import tokshuf
 import zstandard
+from cachecheck import assert_cache_holds
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
-
-import tokshuf
 from tokshuf._core import parse_line
-from cachecheck import assert_cache_holds
 
 HANG_SECONDS = 120  # per parse, build or verify; the slowest take well under a second
 # Scaled from the loaded profile: the parser is cheap, a build costs ~0.1 s.
@@ -103,8 +102,7 @@ def ref_parse(line: bytes, key: str = "text") -> Tuple[set, Optional[str]]:
         return dict(pairs)
 
     try:
-        value = json.loads(s, object_pairs_hook=hook, parse_float=_Num, parse_int=_Num,
-                           parse_constant=_no_constants)
+        value = json.loads(s, object_pairs_hook=hook, parse_float=_Num, parse_int=_Num, parse_constant=_no_constants)
     except (ValueError, RecursionError):
         # serde_json stops at the first problem in reading order; a lone surrogate escape met
         # before the syntax error is reported as invalid_utf8.
@@ -147,13 +145,43 @@ def check_line(line: bytes) -> Tuple[str, Optional[str]]:
 
 
 json_scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False, allow_infinity=False),
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=False, allow_infinity=False),
     st.text(max_size=20),
 )
-json_values = st.recursive(json_scalars, lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=6), c, max_size=4),
-                           max_leaves=12)
-SPECIAL = [b"\n", b"\r", b"\x00", BOM, b'"', b"\\", b"\\ud800", b"\\udc00", b"{", b"}", b"[", b"]", b",", b":",
-           b"\xff", b"\xc3", b"1e999", b"-", b".", b"e", b'"text"', b"null", b"NaN", b" ", b"\x0c", b"\xed\xa0\x80"]
+json_values = st.recursive(
+    json_scalars, lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=6), c, max_size=4), max_leaves=12
+)
+SPECIAL = [
+    b"\n",
+    b"\r",
+    b"\x00",
+    BOM,
+    b'"',
+    b"\\",
+    b"\\ud800",
+    b"\\udc00",
+    b"{",
+    b"}",
+    b"[",
+    b"]",
+    b",",
+    b":",
+    b"\xff",
+    b"\xc3",
+    b"1e999",
+    b"-",
+    b".",
+    b"e",
+    b'"text"',
+    b"null",
+    b"NaN",
+    b" ",
+    b"\x0c",
+    b"\xed\xa0\x80",
+]
 
 
 @st.composite
@@ -165,8 +193,13 @@ def json_lines(draw) -> bytes:
     if draw(st.booleans()) and items:  # a duplicate key, as real dumps sometimes have
         items.append(("text", draw(json_values)))
     ascii_only = draw(st.booleans())
-    body = "{" + ", ".join(f"{json.dumps(k, ensure_ascii=ascii_only)}: {json.dumps(v, ensure_ascii=ascii_only)}"
-                           for k, v in items) + "}"
+    body = (
+        "{"
+        + ", ".join(
+            f"{json.dumps(k, ensure_ascii=ascii_only)}: {json.dumps(v, ensure_ascii=ascii_only)}" for k, v in items
+        )
+        + "}"
+    )
     if draw(st.integers(0, 9)) == 0:
         body = json.dumps(draw(json_values))
     return body.encode()
@@ -188,10 +221,10 @@ def mutated(draw, data: bytes, max_ops: int = 4) -> bytes:
         elif op == "special":
             out[pos:pos] = draw(st.sampled_from(SPECIAL))
         elif op == "delete":
-            del out[pos:pos + draw(st.integers(1, 16))]
+            del out[pos : pos + draw(st.integers(1, 16))]
         elif op == "zero":
             n = draw(st.integers(1, 16))
-            out[pos:pos + n] = bytes(len(out[pos:pos + n]))
+            out[pos : pos + n] = bytes(len(out[pos : pos + n]))
     return bytes(out)
 
 
@@ -254,8 +287,9 @@ def ref_file(data: bytes) -> Tuple[List[str], Counter, int, int, Optional[int], 
 
 
 def build(src: Path, out: Path, errors: str) -> tokshuf.BuildStats:
-    return tokshuf.build_cache([src], out, seqlen=16, chunk_size=100_000, shuffle=False, threads=2,
-                               progress=False, errors=errors)
+    return tokshuf.build_cache(
+        [src], out, seqlen=16, chunk_size=100_000, shuffle=False, threads=2, progress=False, errors=errors
+    )
 
 
 def run_build(src: Path, out: Path, errors: str):
@@ -379,8 +413,7 @@ def test_verify_survives_and_catches_damage(pristine, fmt, data):
             with hang_guard((name, after)):
                 report = tokshuf.verify(cache, full=full)
                 report.summary()
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:
             pytest.fail(f"verify raised {type(e).__name__}: {e}")
         if name.endswith(".tar") and after != before:
             assert not tokshuf.verify(cache, full=True).ok
-

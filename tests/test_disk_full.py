@@ -14,7 +14,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 import tokshuf
 from conftest import make_docs, write_jsonl
 from test_resume import assert_same_cache, snapshot
@@ -52,7 +51,9 @@ def assert_nothing_harmed(out: Path, want: Path) -> None:
 def clean(corpus, tmp_path_factory):
     """Uninterrupted builds to compare with, by `shuffle`."""
     root = tmp_path_factory.mktemp("clean")
-    return {s: tokshuf.build_cache(corpus, root / str(s), **dict(OPTS, shuffle=s)) and root / str(s) for s in (True, False)}
+    return {
+        s: tokshuf.build_cache(corpus, root / str(s), **dict(OPTS, shuffle=s)) and root / str(s) for s in (True, False)
+    }
 
 
 @pytest.mark.slow

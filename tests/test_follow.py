@@ -23,7 +23,6 @@ from typing import Dict, List
 
 import numpy as np
 import pytest
-
 import tokshuf
 from conftest import make_docs, write_jsonl
 
@@ -84,7 +83,7 @@ def in_thread(fn):
     def run():
         try:
             box["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - handed to the test
+        except BaseException as e:
             box["error"] = e
 
     t = threading.Thread(target=run, daemon=True)
@@ -144,10 +143,20 @@ def test_follow_streaming_build(corpus, tmp_path):
     makers = {
         "r4": lambda: tokshuf.Reader(cache, batch_size=12, ideal_readers=4, seed=5, prefetch=2),
         "default": lambda: tokshuf.Reader(out, follow=True, timeout=60, batch_size=16, prefetch=0),
-        "single": lambda: tokshuf.Reader(out, follow=True, timeout=60, batch_size=10, single_pass=True,
-                                         ideal_readers=3, prefetch=2),
-        "single_drop": lambda: tokshuf.Reader(out, follow=True, timeout=60, batch_size=7, single_pass=True,
-                                              drop_last=True, prefetch=0, rank=1, world_size=7),
+        "single": lambda: tokshuf.Reader(
+            out, follow=True, timeout=60, batch_size=10, single_pass=True, ideal_readers=3, prefetch=2
+        ),
+        "single_drop": lambda: tokshuf.Reader(
+            out,
+            follow=True,
+            timeout=60,
+            batch_size=7,
+            single_pass=True,
+            drop_last=True,
+            prefetch=0,
+            rank=1,
+            world_size=7,
+        ),
     }
     counts = {"r4": 400, "default": 300, "single": 0, "single_drop": 0}
     states = {}
@@ -169,14 +178,18 @@ def test_follow_streaming_build(corpus, tmp_path):
         "r4": take(tokshuf.Reader(full, batch_size=12, ideal_readers=4, seed=5), 400),
         "default": take(tokshuf.Reader(full, batch_size=16), 300),
         "single": take(tokshuf.Reader(full, batch_size=10, single_pass=True, ideal_readers=3), 0),
-        "single_drop": take(tokshuf.Reader(full, batch_size=7, single_pass=True, drop_last=True, rank=1,
-                                           world_size=7), 0),
+        "single_drop": take(
+            tokshuf.Reader(full, batch_size=7, single_pass=True, drop_last=True, rank=1, world_size=7), 0
+        ),
     }
     for name in makers:
         assert_same(got[name], want[name])
     assert len(want["single"]) == -(-len(full) // 10)
     # A state saved while following loads on the finished cache.
-    for name, kw in (("r4", dict(batch_size=12, ideal_readers=4, seed=5)), ("single", dict(batch_size=10, single_pass=True, ideal_readers=3))):
+    for name, kw in (
+        ("r4", dict(batch_size=12, ideal_readers=4, seed=5)),
+        ("single", dict(batch_size=10, single_pass=True, ideal_readers=3)),
+    ):
         r = tokshuf.Reader(full, **kw)
         r.load_state_dict(states[name])
         assert np.array_equal(next(r), want[name][3])

@@ -11,7 +11,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 import tokshuf
 
 DATA = Path(__file__).parent / "data"

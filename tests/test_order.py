@@ -12,10 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tokshuf
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import tokshuf
 from reader_helpers import (
     Permutation,
     addresses,
@@ -67,9 +66,16 @@ def test_reader_equals_reference_for_every_world_size(layout, r_star, batch_size
         for world in divisors(batch_size):
             per_rank = []
             for rank in range(world):
-                r = tokshuf.Reader(cache, batch_size=batch_size, rank=rank, world_size=world,
-                                   ideal_readers=r_star, seed=seed, reshuffle=reshuffle,
-                                   prefetch=2 if rank % 2 else 0)
+                r = tokshuf.Reader(
+                    cache,
+                    batch_size=batch_size,
+                    rank=rank,
+                    world_size=world,
+                    ideal_readers=r_star,
+                    seed=seed,
+                    reshuffle=reshuffle,
+                    prefetch=2 if rank % 2 else 0,
+                )
                 per_rank.append([addresses(next(r)) for _ in range(steps)])
                 assert all(len(b) == batch_size // world for b in per_rank[-1])
             for b in range(steps):
@@ -77,12 +83,17 @@ def test_reader_equals_reference_for_every_world_size(layout, r_star, batch_size
                 for rank in range(world):
                     for j, addr in enumerate(per_rank[rank][b]):
                         got[rank + j * world] = addr  # rank r holds examples b*B + r + j*R
-                assert got == want[b * batch_size:(b + 1) * batch_size], (world, b)
+                assert got == want[b * batch_size : (b + 1) * batch_size], (world, b)
 
 
 @settings(max_examples=30)
-@given(layout=layouts(), r_star=st.sampled_from([1, 3, 8, 64]), seed=st.integers(0, 2**32),
-       reshuffle=st.booleans(), data=st.data())
+@given(
+    layout=layouts(),
+    r_star=st.sampled_from([1, 3, 8, 64]),
+    seed=st.integers(0, 2**32),
+    reshuffle=st.booleans(),
+    data=st.data(),
+)
 def test_far_examples_equal_periodic_reference(layout, r_star, seed, reshuffle, data):
     sizes, cs = layout
     with tempfile.TemporaryDirectory() as tmp:

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 import tokshuf
 from conftest import make_docs, write_jsonl
 from reader_helpers import addresses, write_cache
@@ -86,6 +85,7 @@ def _corrupt_cases():
             m = json.loads((d / "tokshuf.json").read_text())
             f(m)
             (d / "tokshuf.json").write_text(json.dumps(m))
+
         return go
 
     def manifest(f):
@@ -93,6 +93,7 @@ def _corrupt_cases():
             lines = [json.loads(x) for x in (d / "manifest.jsonl").read_text().splitlines()]
             f(lines)
             (d / "manifest.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
         return go
 
     def truncate(d):
@@ -113,7 +114,10 @@ def _corrupt_cases():
         "too many": (manifest(lambda ls: ls[0].update(num_sequences=10**6)), "manifest.jsonl"),
         "bytes": (manifest(lambda ls: ls[1].update(bytes=ls[1]["bytes"] + 1)), "shard_00000001.tar"),
         "garbage meta": (lambda d: (d / "tokshuf.json").write_text("{nope"), "tokshuf.json"),
-        "torn manifest": (lambda d: (d / "manifest.jsonl").write_text((d / "manifest.jsonl").read_text()[:-5]), "manifest.jsonl"),
+        "torn manifest": (
+            lambda d: (d / "manifest.jsonl").write_text((d / "manifest.jsonl").read_text()[:-5]),
+            "manifest.jsonl",
+        ),
     }
 
 
@@ -151,8 +155,13 @@ def test_tampered_members_are_caught_on_first_read(tmp_path):
 def test_missing_folder_and_options(tmp_path, caches):
     with pytest.raises(tokshuf.TokshufError):
         tokshuf.Cache(tmp_path / "nope")
-    for bad in [dict(batch_size=0), dict(batch_size=6, world_size=4), dict(batch_size=4, rank=1),
-                dict(batch_size=4, ideal_readers=0), dict(batch_size=4, dtype="float32")]:
+    for bad in [
+        dict(batch_size=0),
+        dict(batch_size=6, world_size=4),
+        dict(batch_size=4, rank=1),
+        dict(batch_size=4, ideal_readers=0),
+        dict(batch_size=4, dtype="float32"),
+    ]:
         with pytest.raises(tokshuf.ConfigError):
             tokshuf.Reader(caches["npy"], **bad)
     d = write_cache(tmp_path / "big", [2], 2)
@@ -176,7 +185,9 @@ print(json.dumps({"batches": out, "state": r.state_dict()}))
 
 
 def run_reader(**cfg):
-    p = subprocess.run([sys.executable, "-c", RESUME_SCRIPT, json.dumps(cfg)], capture_output=True, text=True, check=False)
+    p = subprocess.run(
+        [sys.executable, "-c", RESUME_SCRIPT, json.dumps(cfg)], capture_output=True, text=True, check=False
+    )
     assert p.returncode == 0, p.stderr
     return json.loads(p.stdout)
 
@@ -328,8 +339,9 @@ def test_cli_read_and_inspect(caches):
     assert out != cli("read", caches["npy"], "--batch-size", 4, "--steps", 3, "--rank", 0, "--world-size", 2)
     info = cli("inspect", caches["npy"], "-n", 1)
     assert "num_contexts" in info and "context 0" in info and "tiktoken:r50k_base" in info
-    p = subprocess.run([sys.executable, "-m", "tokshuf", "read", "/nonexistent", "--batch-size", "2"],
-                       capture_output=True, text=True)
+    p = subprocess.run(
+        [sys.executable, "-m", "tokshuf", "read", "/nonexistent", "--batch-size", "2"], capture_output=True, text=True
+    )
     assert p.returncode == 1 and "tokshuf: error" in p.stderr
 
 

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 import pytest
-
 import tokshuf
 from conftest import make_docs, write_jsonl
 
@@ -36,8 +35,7 @@ def make_corpus(root: Path, n_files: int = 6) -> List[Path]:
     """Several files of different sizes and compressions (about 1 MB in all)."""
     suffixes = [".jsonl", ".jsonl.gz", ".jsonl.zst"]
     return [
-        write_jsonl(root / f"part{i:02d}{suffixes[i % 3]}", make_docs(250 + 80 * i, 100 + i))
-        for i in range(n_files)
+        write_jsonl(root / f"part{i:02d}{suffixes[i % 3]}", make_docs(250 + 80 * i, 100 + i)) for i in range(n_files)
     ]
 
 
@@ -57,7 +55,7 @@ def run_to_pause(inputs, out, opts, point: str, trace: Path, timeout: float = 60
     try:
         while time.monotonic() < deadline:
             lines = trace.read_text().splitlines()
-            paused = [line[len("paused "):] for line in lines if line.startswith("paused ")]
+            paused = [line[len("paused ") :] for line in lines if line.startswith("paused ")]
             if paused:
                 proc.send_signal(signal.SIGKILL)
                 proc.wait()
@@ -112,20 +110,47 @@ def assert_same_cache(got: Path, want: Path) -> None:
 
 # Named points (see the core's `testhook` calls), per phase, in build order. `NAME:N` = the N-th
 # time NAME is reached in that run; `PREFIX*` = any point starting so.
-STAGE1 = ["atomic_partial:tokshuf.json[building]", "start", "stage1.spill", "stage1.file", "atomic_partial:f0*", "atomic:f0*", "stage1.spill:2"]
+STAGE1 = [
+    "atomic_partial:tokshuf.json[building]",
+    "start",
+    "stage1.spill",
+    "stage1.file",
+    "atomic_partial:f0*",
+    "atomic:f0*",
+    "stage1.spill:2",
+]
 BETWEEN = ["stage1.stitched", "atomic_partial:tokshuf.json[writing]", "atomic:tokshuf.json[writing]", "plan"]
 STAGE2 = ["stage2.tmp", "stage2.shard:5", "stage2.tmp:20", "stage2.shard:30", "stage2.shard:40"]
-FINAL = ["atomic_partial:manifest.jsonl", "atomic:manifest.jsonl", "atomic_partial:tokshuf.json[complete]",
-         "atomic:tokshuf.json[complete]"]
+FINAL = [
+    "atomic_partial:manifest.jsonl",
+    "atomic:manifest.jsonl",
+    "atomic_partial:tokshuf.json[complete]",
+    "atomic:tokshuf.json[complete]",
+]
 # After either of these the cache is complete: only one of them can be hit.
 DONE = ["complete", "cleanup"]
 # shuffle=False streams: shards are written while files are tokenized, so "stage 2" is part of
 # stage 1 there.
-STREAM_STAGE1 = ["atomic_partial:tokshuf.json[streaming]", "start", "stage2.tmp", "stage1.spill", "stage2.shard:2", "stage1.file", "atomic_partial:f0*",
-                 "stage2.tmp:3", "stage1.spill:2"]
+STREAM_STAGE1 = [
+    "atomic_partial:tokshuf.json[streaming]",
+    "start",
+    "stage2.tmp",
+    "stage1.spill",
+    "stage2.shard:2",
+    "stage1.file",
+    "atomic_partial:f0*",
+    "stage2.tmp:3",
+    "stage1.spill:2",
+]
 
 PHASES = {
-    True: [("stage1", STAGE1, 3), ("between", BETWEEN, 2), ("stage2", STAGE2, 3), ("final", FINAL, 2), ("done", DONE, 1)],
+    True: [
+        ("stage1", STAGE1, 3),
+        ("between", BETWEEN, 2),
+        ("stage2", STAGE2, 3),
+        ("final", FINAL, 2),
+        ("done", DONE, 1),
+    ],
     False: [("stage1", STREAM_STAGE1, 6), ("between", BETWEEN, 2), ("final", FINAL, 2), ("done", DONE, 1)],
 }
 

@@ -10,12 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
-
 import tokshuf
-from tokshuf.__main__ import main
-from tokshuf._cli_status import build_status
 from conftest import make_docs, write_jsonl
 from test_resume import assert_same_cache, run_to_pause
+from tokshuf.__main__ import main
+from tokshuf._cli_status import build_status
 
 OPTS = dict(seqlen=32, chunk_size=64, threads=2, progress=False)
 

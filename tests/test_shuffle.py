@@ -10,15 +10,14 @@ from collections import Counter
 from itertools import permutations
 from pathlib import Path
 
-import pytest
-from hypothesis import given
-from hypothesis import strategies as st
-
 import cacheio
 import model
+import pytest
 import tokref
 import tokshuf
 from conftest import make_docs, write_jsonl
+from hypothesis import given
+from hypothesis import strategies as st
 
 SPEC = "tiktoken:r50k_base"
 EOT = 50256
@@ -51,13 +50,29 @@ def test_golden_hash_values():
     assert [r.below(10) for _ in range(8)] == [5, 7, 9, 4, 4, 7, 8, 5]
     r = model.SplitMix64(3)
     assert [r.below(2**63 + 1) for _ in range(6)] == [
-        1046394712501569526, 672077022357742823, 8196980753821780235,
-        8195237237126968761, 6441936413023419750, 3099058506491908065,
+        1046394712501569526,
+        672077022357742823,
+        8196980753821780235,
+        8195237237126968761,
+        6441936413023419750,
+        3099058506491908065,
     ]
     assert model.fisher_yates(list(range(10)), model.cell_rng(0, 0)) == [1, 9, 5, 4, 3, 6, 7, 8, 2, 0]
     assert model.fisher_yates(list(range(10)), model.cell_rng(7, 3)) == [0, 6, 3, 9, 5, 4, 8, 2, 1, 7]
     assert model.shuffled_ids([5, 3, 4], seed=9, cells=3) == [
-        (0, 3), (2, 1), (0, 2), (0, 4), (1, 1), (2, 0), (0, 1), (1, 2), (0, 0), (2, 2), (1, 0), (2, 3)]
+        (0, 3),
+        (2, 1),
+        (0, 2),
+        (0, 4),
+        (1, 1),
+        (2, 0),
+        (0, 1),
+        (1, 2),
+        (0, 0),
+        (2, 2),
+        (1, 0),
+        (2, 3),
+    ]
 
 
 # Changes whenever any output byte of a build changes: update it only for an intended format change.
@@ -73,7 +88,6 @@ def test_golden_cache(tmp_path):
     assert digest == GOLDEN_MANIFEST_SHA256
 
 
-
 # --------------------------------------------------------------------------------------
 # The real build's order equals the reference.
 
@@ -81,16 +95,29 @@ WORDS = st.sampled_from(["alpha", " beta", " gamma", " delta", ".", "\n", " 7", 
 DOC = st.lists(WORDS, max_size=12).map("".join)
 
 
-@given(files=st.lists(st.lists(DOC, max_size=8), min_size=1, max_size=4), seqlen=st.integers(1, 6),
-       chunk_size=st.integers(1, 5), cells=st.sampled_from([None, 1, 2, 3, 7]),
-       seed=st.integers(0, 2**64 - 1), tail=st.sampled_from(["stitch", "pad", "drop"]),
-       memory_limit=st.sampled_from([None, 1]))
+@given(
+    files=st.lists(st.lists(DOC, max_size=8), min_size=1, max_size=4),
+    seqlen=st.integers(1, 6),
+    chunk_size=st.integers(1, 5),
+    cells=st.sampled_from([None, 1, 2, 3, 7]),
+    seed=st.integers(0, 2**64 - 1),
+    tail=st.sampled_from(["stitch", "pad", "drop"]),
+    memory_limit=st.sampled_from([None, 1]),
+)
 def test_build_order_equals_reference(encode, files, seqlen, chunk_size, cells, seed, tail, memory_limit):
     streams, _ = model.model_streams(files, encode, seqlen, tail, None, EOT, EOT)
     with tempfile.TemporaryDirectory() as tmp:
         paths = [write_jsonl(Path(tmp) / "in" / f"f{i}.jsonl", d) for i, d in enumerate(files)]
-        result = build(paths, Path(tmp) / "c", seqlen=seqlen, chunk_size=chunk_size, num_local_cells=cells,
-                       seed=seed, tail=tail, memory_limit=memory_limit)
+        result = build(
+            paths,
+            Path(tmp) / "c",
+            seqlen=seqlen,
+            chunk_size=chunk_size,
+            num_local_cells=cells,
+            seed=seed,
+            tail=tail,
+            memory_limit=memory_limit,
+        )
         got = [[c.tolist() for c in ch] for ch in cacheio.read_chunks(Path(tmp) / "c")]
     used_cells = result.metadata["num_local_cells"]
     assert used_cells == (cells or 1)  # default: one cell per 65,536 contexts
@@ -152,6 +179,7 @@ def test_cell_choice_is_uniform():
 
 def test_uniformity_check_can_fail():
     """A classic bug (Sattolo's cycle instead of Fisher-Yates) is caught by the same test."""
+
     def sattolo(items, rng):
         for i in range(len(items) - 1, 0, -1):
             j = rng.below(i)

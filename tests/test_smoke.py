@@ -3,7 +3,6 @@
 import json
 
 import numpy as np
-
 import tokshuf
 
 
@@ -36,10 +35,10 @@ def test_building_never_loads_numpy(small_corpus, tmp_path):
 import sys
 import tokshuf
 from tokshuf.__main__ import main
-tokshuf.build_cache({inputs!r}, {str(tmp_path / 'a')!r}, seqlen=64, progress=False)
-assert main(["build", "--input", {inputs[0]!r}, "--output", {str(tmp_path / 'b')!r}, "--seqlen", "64", "--no-progress"]) == 0
+tokshuf.build_cache({inputs!r}, {str(tmp_path / "a")!r}, seqlen=64, progress=False)
+assert main(["build", "--input", {inputs[0]!r}, "--output", {str(tmp_path / "b")!r}, "--seqlen", "64", "--no-progress"]) == 0
 assert "numpy" not in sys.modules, "numpy was imported"
-assert len(tokshuf.Cache({str(tmp_path / 'a')!r})) > 0 and "numpy" in sys.modules
+assert len(tokshuf.Cache({str(tmp_path / "a")!r})) > 0 and "numpy" in sys.modules
 assert {{"Reader", "Blend", "verify"}} <= set(dir(tokshuf))
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -12,7 +12,6 @@ from typing import List
 
 import numpy as np
 import pytest
-
 import tokshuf
 from conftest import make_docs, write_jsonl
 from test_resume import run_to_pause

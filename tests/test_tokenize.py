@@ -14,17 +14,21 @@ import hashlib
 import time
 
 import pytest
+import tokref
+import tokshuf
 from hypothesis import given
 from hypothesis import strategies as st
-
-import tokshuf
-import tokref
 
 NEOX = str(tokref.NEOX_JSON)
 TIKTOKEN_SPECS = [f"tiktoken:{n}" for n in tokref.TIKTOKEN_NAMES]
 ALL_SPECS = [NEOX] + TIKTOKEN_SPECS
-EOT = {NEOX: 0, "tiktoken:r50k_base": 50256, "tiktoken:p50k_base": 50256,
-       "tiktoken:cl100k_base": 100257, "tiktoken:o200k_base": 199999}
+EOT = {
+    NEOX: 0,
+    "tiktoken:r50k_base": 50256,
+    "tiktoken:p50k_base": 50256,
+    "tiktoken:cl100k_base": 100257,
+    "tiktoken:o200k_base": 199999,
+}
 
 
 def spec_id(spec: str) -> str:
@@ -49,8 +53,8 @@ def backend(request):
 REFERENCE_BACKEND = {NEOX: "hf-tokenizers"}
 
 
-@functools.lru_cache(maxsize=None)
-def ours(spec: str, backend: str) -> "tokshuf.Tokenizer":
+@functools.cache
+def ours(spec: str, backend: str) -> tokshuf.Tokenizer:
     tok = tokshuf.Tokenizer(spec, backend=backend)
     assert tok.backend == ("tokshuf-fast" if backend == "fast" else REFERENCE_BACKEND.get(spec, "tokshuf-bpe"))
     return tok
@@ -119,7 +123,7 @@ TRICKY = [
     "Zero\u200bwidth\u200dspaces\ufeffBOM",
     "nbsp\u00a0ideographic\u3000space\u2003em\u2028line\u2029para\x0bvt\x0cff",
     "```python\ndef f(x):\n    return x ** 2  # comment\n```\n",
-    "{\"json\": [1, 2, {\"k\": null}]}",
+    '{"json": [1, 2, {"k": null}]}',
     "!!!???...---___===+++***///\\\\\\",
     "a/b/c//d///e\n/\n//\n",
     "\n\n\n\n    \n\t\t\n",
@@ -133,8 +137,30 @@ def test_tricky_strings_equal_reference(spec, backend):
 
 
 ALPHABET = st.sampled_from(
-    list("aAzZ09'’ \t\n\r.,!?/-_()[]{}<>|&$#@%^*~`\"\\") + ["\u00a0", "\u3000", "\x0b", "é", "ß", "ǅ", "中", "ア",
-    "한", "ا", "ё", "\u0301", "😀", "\u200d", "<|endoftext|>", "<|padding|>", "'s", "'ll", "  ", "\r\n", "123"]
+    list("aAzZ09'’ \t\n\r.,!?/-_()[]{}<>|&$#@%^*~`\"\\")
+    + [
+        "\u00a0",
+        "\u3000",
+        "\x0b",
+        "é",
+        "ß",
+        "ǅ",
+        "中",
+        "ア",
+        "한",
+        "ا",
+        "ё",
+        "\u0301",
+        "😀",
+        "\u200d",
+        "<|endoftext|>",
+        "<|padding|>",
+        "'s",
+        "'ll",
+        "  ",
+        "\r\n",
+        "123",
+    ]
 )
 
 

@@ -14,11 +14,10 @@ import functools
 import json
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 import tokref
 import tokshuf
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tokshuf import _core
 
 SAMPLE = tokref.SAMPLE
@@ -32,8 +31,8 @@ def spec_id(spec: str) -> str:
     return "neox" if spec == NEOX else spec.split(":")[1]
 
 
-@functools.lru_cache(maxsize=None)
-def fast(spec: str, allow_special: bool = False) -> "tokshuf.Tokenizer":
+@functools.cache
+def fast(spec: str, allow_special: bool = False) -> tokshuf.Tokenizer:
     tok = tokshuf.Tokenizer(spec, allow_special_tokens=allow_special, backend="fast")
     assert tok.backend == FAST
     return tok
@@ -48,7 +47,9 @@ def assert_same(got, expected, texts, what):
     for i, (g, e) in enumerate(zip(got, expected)):
         if g != e:
             k = next((j for j, (a, b) in enumerate(zip(g, e)) if a != b), min(len(g), len(e)))
-            raise AssertionError(f"{what}: text {i} {texts[i][:80]!r} differs at id {k}: {g[k:k + 8]} != {e[k:k + 8]}")
+            raise AssertionError(
+                f"{what}: text {i} {texts[i][:80]!r} differs at id {k}: {g[k : k + 8]} != {e[k : k + 8]}"
+            )
 
 
 # --------------------------------------------------------------------------------------
@@ -74,8 +75,9 @@ def test_build_records_the_backend(tmp_path):
     ids = {}
     for backend, name in [("auto", FAST), ("fast", FAST), ("reference", "hf-tokenizers")]:
         out = tmp_path / backend
-        st_ = tokshuf.build_cache([src], out, tokenizer=NEOX, seqlen=64, progress=False, tokenizer_backend=backend,
-                                  shuffle=False)
+        st_ = tokshuf.build_cache(
+            [src], out, tokenizer=NEOX, seqlen=64, progress=False, tokenizer_backend=backend, shuffle=False
+        )
         meta = json.loads((out / "tokshuf.json").read_text())
         assert meta["tokenizer"]["backend"] == name
         assert f"[{name}]" in st_.summary()
@@ -100,24 +102,134 @@ def test_sample_ids_equal_reference_from_warm_memos(spec):
 # --------------------------------------------------------------------------------------
 # Generated text that stresses the edges.
 
-WS = [" ", "\t", "\n", "\r", "\r\n", "\x0b", "\x0c", "\x1c", "\x1f", "\x85", "\xa0", "\u1680", "\u2000", "\u200a",
-      "\u2028", "\u2029", "\u202f", "\u205f", "\u3000", "\u180e", "\u200b", "\ufeff"]
+WS = [
+    " ",
+    "\t",
+    "\n",
+    "\r",
+    "\r\n",
+    "\x0b",
+    "\x0c",
+    "\x1c",
+    "\x1f",
+    "\x85",
+    "\xa0",
+    "\u1680",
+    "\u2000",
+    "\u200a",
+    "\u2028",
+    "\u2029",
+    "\u202f",
+    "\u205f",
+    "\u3000",
+    "\u180e",
+    "\u200b",
+    "\ufeff",
+]
 ATOMS = [
     # contractions, any case, and letters that case-fold onto their letters (ſ -> s, K -> k)
-    "'s", "'S", "'t", "'T", "'re", "'RE", "'Re", "'ve", "'VE", "'m", "'M", "'ll", "'LL", "'lL", "'d", "'D", "'ſ",
-    "'İ", "'\u212a", "’s", "''s", "'", "don't", "DON'T", "we'VE",
+    "'s",
+    "'S",
+    "'t",
+    "'T",
+    "'re",
+    "'RE",
+    "'Re",
+    "'ve",
+    "'VE",
+    "'m",
+    "'M",
+    "'ll",
+    "'LL",
+    "'lL",
+    "'d",
+    "'D",
+    "'ſ",
+    "'İ",
+    "'\u212a",
+    "’s",
+    "''s",
+    "'",
+    "don't",
+    "DON'T",
+    "we'VE",
     # NFC changes these (compose, reorder, or decompose an excluded composite)
-    "e\u0301", "A\u030a", "\u212b", "\u2126", "\u1100\u1161\u11a8", "\u0958", "a\u0315\u0300\u05ae", "\u0344",
-    "\u0f73", "\U0001d15e", "\u0301", "\u0345", "\U00011382\U000113c9", "\U00016d63\U00016d67", "\uac00\u11a8",
+    "e\u0301",
+    "A\u030a",
+    "\u212b",
+    "\u2126",
+    "\u1100\u1161\u11a8",
+    "\u0958",
+    "a\u0315\u0300\u05ae",
+    "\u0344",
+    "\u0f73",
+    "\U0001d15e",
+    "\u0301",
+    "\u0345",
+    "\U00011382\U000113c9",
+    "\U00016d63\U00016d67",
+    "\uac00\u11a8",
     # digits of several scripts, numbers
-    "0", "12", "123", "1234", "٣", "१२३", "Ⅻ", "½", "①", "𝟘",
+    "0",
+    "12",
+    "123",
+    "1234",
+    "٣",
+    "१२३",
+    "Ⅻ",
+    "½",
+    "①",
+    "𝟘",
     # letters of every kind
-    "a", "Z", "é", "ß", "ǅ", "ʰ", "々", "中", "ア", "한", "ا", "ё", "Ωmega", "ᾈ", "ﬁ", "ǈ",
+    "a",
+    "Z",
+    "é",
+    "ß",
+    "ǅ",
+    "ʰ",
+    "々",
+    "中",
+    "ア",
+    "한",
+    "ا",
+    "ё",
+    "Ωmega",
+    "ᾈ",
+    "ﬁ",
+    "ǈ",
     # marks, emoji, joiners, flags, symbols, punctuation
-    "\u0903", "\u20dd", "😀", "👍🏽", "👩‍👩‍👧", "🇫🇷", "\u200d", "\U0001fae8", "<|endoftext|>", "<|padding|>",
-    "/", "//\n", "\\", "...", "---", "!?", "$", "€", "©", "\x00", "\x7f", "_",
+    "\u0903",
+    "\u20dd",
+    "😀",
+    "👍🏽",
+    "👩‍👩‍👧",
+    "🇫🇷",
+    "\u200d",
+    "\U0001fae8",
+    "<|endoftext|>",
+    "<|padding|>",
+    "/",
+    "//\n",
+    "\\",
+    "...",
+    "---",
+    "!?",
+    "$",
+    "€",
+    "©",
+    "\x00",
+    "\x7f",
+    "_",
     # valid but unusual scalar values: noncharacters, private use, unassigned, plane 16
-    "\ufffe", "\uffff", "\U0001fffe", "\ue000", "\U000f0000", "\U0010fffd", "\u0378", "\U000e0001", "\ud7ff",
+    "\ufffe",
+    "\uffff",
+    "\U0001fffe",
+    "\ue000",
+    "\U000f0000",
+    "\U0010fffd",
+    "\u0378",
+    "\U000e0001",
+    "\ud7ff",
 ]
 LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
@@ -159,7 +271,13 @@ def test_allow_special_tokens_fast_equals_plain_encode():
     import tokenizers
 
     plain = tokenizers.Tokenizer.from_file(NEOX)
-    texts = ["a<|endoftext|>b", "<|padding|><|endoftext|>", "x  <|endoftext|>  y", "<|endoftext", "é<|endoftext|>e\u0301"]
+    texts = [
+        "a<|endoftext|>b",
+        "<|padding|><|endoftext|>",
+        "x  <|endoftext|>  y",
+        "<|endoftext",
+        "é<|endoftext|>e\u0301",
+    ]
     got = fast(NEOX, True).encode_batch(texts)
     assert got == [plain.encode(t, add_special_tokens=False).ids for t in texts]
     assert 0 in got[0]
@@ -185,8 +303,9 @@ def tiktoken_members(pattern: str, code_points) -> set:
     match, and with single-byte ranks its ids are the bytes of what it kept."""
     import tiktoken
 
-    enc = tiktoken.Encoding("probe", pat_str=pattern, mergeable_ranks={bytes([i]): i for i in range(256)},
-                            special_tokens={})
+    enc = tiktoken.Encoding(
+        "probe", pat_str=pattern, mergeable_ranks={bytes([i]): i for i in range(256)}, special_tokens={}
+    )
     kept = bytes(enc.encode_ordinary("".join(map(chr, code_points)))).decode()
     return {ord(c) for c in kept}
 
@@ -205,7 +324,9 @@ def check_classes(engine: str, code_points):
     for name, pattern in CLASS_PATTERNS.items():
         got = set(ours[name]) & wanted
         ref = members(pattern, code_points)
-        assert got == ref, f"{engine} {name}: only ours {sorted(got - ref)[:10]}, only reference {sorted(ref - got)[:10]}"
+        assert got == ref, (
+            f"{engine} {name}: only ours {sorted(got - ref)[:10]}, only reference {sorted(ref - got)[:10]}"
+        )
 
 
 @pytest.mark.slow
@@ -234,11 +355,17 @@ def test_nfc_safe_characters_never_change():
 GPT2_HF = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 LLAMA3 = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 QWEN2 = LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")
-O200K = "|".join([
-    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
-    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
-    r"\p{N}{1,3}", r" ?[^\s\p{L}\p{N}]+[\r\n/]*", r"\s*[\r\n]+", r"\s+(?!\S)", r"\s+",
-])
+O200K = "|".join(
+    [
+        r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+        r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+        r"\p{N}{1,3}",
+        r" ?[^\s\p{L}\p{N}]+[\r\n/]*",
+        r"\s*[\r\n]+",
+        r"\s+(?!\S)",
+        r"\s+",
+    ]
+)
 HF_PATTERNS = {"gpt2": GPT2_HF, "llama3": LLAMA3, "qwen2": QWEN2, "o200k": O200K}
 
 
@@ -282,10 +409,13 @@ def neox_json():
 
 
 def split_then_bytelevel(pattern: str):
-    return {"type": "Sequence", "pretokenizers": [
-        {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False},
-        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
-    ]}
+    return {
+        "type": "Sequence",
+        "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
+        ],
+    }
 
 
 def variant(name: str):
@@ -300,11 +430,26 @@ def variant(name: str):
         j["pre_tokenizer"] = split_then_bytelevel(O200K)
         j["normalizer"] = {"type": "Sequence", "normalizers": [{"type": "NFC"}]}
     elif name == "added":  # added tokens of every kind the fast backend accepts
-        extra = [("<ctl>", True, False), ("<sp>", True, True), ("sp>x", False, True), ("raw-tok", False, False),
-                 ("é!", False, True), ("<|endoftext|>z", False, False)]
+        extra = [
+            ("<ctl>", True, False),
+            ("<sp>", True, True),
+            ("sp>x", False, True),
+            ("raw-tok", False, False),
+            ("é!", False, True),
+            ("<|endoftext|>z", False, False),
+        ]
         for k, (content, special, normalized) in enumerate(extra):
-            j["added_tokens"].append({"id": 50277 + k, "content": content, "single_word": False, "lstrip": False,
-                                      "rstrip": False, "normalized": normalized, "special": special})
+            j["added_tokens"].append(
+                {
+                    "id": 50277 + k,
+                    "content": content,
+                    "single_word": False,
+                    "lstrip": False,
+                    "rstrip": False,
+                    "normalized": normalized,
+                    "special": special,
+                }
+            )
     elif name == "merges-as-pairs":  # the newer merges format
         j["model"]["merges"] = [m.split(" ") for m in j["model"]["merges"]]
     else:
@@ -312,8 +457,11 @@ def variant(name: str):
     return j
 
 
-VARIANT_TEXTS = ["<ctl> <sp>x sp>x raw-tok é! e\u0301! <|endoftext|>z <|endoftext|> don'T stop\n\n  now   ok\n \n",
-                 "Hello WORLD's 12345 ١٢٣٤ 中文 Ωmega\r\n\t x", "  <sp>   sp>x<ctl>raw-tokraw-tok"]
+VARIANT_TEXTS = [
+    "<ctl> <sp>x sp>x raw-tok é! e\u0301! <|endoftext|>z <|endoftext|> don'T stop\n\n  now   ok\n \n",
+    "Hello WORLD's 12345 ١٢٣٤ 中文 Ωmega\r\n\t x",
+    "  <sp>   sp>x<ctl>raw-tokraw-tok",
+]
 
 
 @pytest.fixture(scope="module", params=["llama3", "qwen2", "o200k", "added", "merges-as-pairs"])
@@ -401,7 +549,7 @@ def test_check_tokenizer_cli_reports_differences(monkeypatch, capsys):
     captured = capsys.readouterr()
     assert rc == 1
     lord = sum("LORD" in json.loads(line)["text"] for line in (SAMPLE / "kjv.jsonl").read_text().splitlines()[:10])
-    assert 0 < lord and f"{lord} differ" in captured.out
+    assert lord > 0 and f"{lord} differ" in captured.out
     assert captured.err.count("first difference at id") == min(2, lord)
     assert "kjv.jsonl:" in captured.err
 

@@ -12,10 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 import tokshuf
-from tokshuf.__main__ import main
 from conftest import make_docs, write_jsonl
+from tokshuf.__main__ import main
 
 SEQLEN = 64
 CHUNK = 16
@@ -131,16 +130,27 @@ def test_flipped_byte_in_json_member_found(built, tmp_path):
 def test_id_out_of_vocabulary(npy_cache):
     shard = npy_cache / "shard_00000000.tar"
     data = bytearray(shard.read_bytes())
-    data[512 + 128: 512 + 130] = (65535).to_bytes(2, "little")
+    data[512 + 128 : 512 + 130] = (65535).to_bytes(2, "little")
     shard.write_bytes(bytes(data))
     assert "id 65535 >= vocab size 50257" in problems(npy_cache)
 
 
-@pytest.mark.parametrize("member,offset,what", [
-    (2, 5, "name"), (2, 130, "header differs"), (2, 150, "checksum"), (2, 257, "header differs"),
-    (2, 156, "header differs"), (1, 512 + 20, "npy header differs"), (0, 257, "not a POSIX ustar header"),
-    (0, 156, "member type"), (0, 5, "name"), (0, 512 + 20, "npy header"), (0, 512 + 1, "npy magic"),
-])
+@pytest.mark.parametrize(
+    "member,offset,what",
+    [
+        (2, 5, "name"),
+        (2, 130, "header differs"),
+        (2, 150, "checksum"),
+        (2, 257, "header differs"),
+        (2, 156, "header differs"),
+        (1, 512 + 20, "npy header differs"),
+        (0, 257, "not a POSIX ustar header"),
+        (0, 156, "member type"),
+        (0, 5, "name"),
+        (0, 512 + 20, "npy header"),
+        (0, 512 + 1, "npy magic"),
+    ],
+)
 def test_damaged_headers(npy_cache, member, offset, what):
     stride = 512 + -(-(128 + SEQLEN * 2) // 512) * 512
     flip(npy_cache / "shard_00000003.tar", member * stride + offset, 0x04)
@@ -216,9 +226,22 @@ def test_manifest_out_of_order(cache):
     assert "out of order" in problems(cache)
 
 
-@pytest.mark.parametrize("name", ["../x", "/etc/passwd", "shard_00000000/../../x", "shard_00000000.tar",
-                                  "shard_0000000a", "shard_\u0660\u0660\u0660\u0660\u0660\u0660\u0660\u0660",
-                                  "shard_000000000", "", None, 7, "shard_00000000\n"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "../x",
+        "/etc/passwd",
+        "shard_00000000/../../x",
+        "shard_00000000.tar",
+        "shard_0000000a",
+        "shard_\u0660\u0660\u0660\u0660\u0660\u0660\u0660\u0660",
+        "shard_000000000",
+        "",
+        None,
+        7,
+        "shard_00000000\n",
+    ],
+)
 def test_crafted_shard_names_never_opened(cache, tmp_path, monkeypatch, name):
     outside = tmp_path / "x.tar"
     outside.write_bytes(b"secret")
@@ -237,10 +260,22 @@ def test_crafted_shard_names_never_opened(cache, tmp_path, monkeypatch, name):
     assert opened and all(os.path.realpath(p) == root or os.path.realpath(p).startswith(root + os.sep) for p in opened)
 
 
-@pytest.mark.parametrize("key,value", [("num_sequences", -1), ("num_sequences", 10**30), ("num_sequences", 0),
-                                       ("num_sequences", "16"), ("num_sequences", True), ("num_sequences", 1.0),
-                                       ("bytes", -5), ("num_tokens", 10**12), ("num_tokens", -1),
-                                       ("sha256", "../../x"), ("sha256", 5)])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("num_sequences", -1),
+        ("num_sequences", 10**30),
+        ("num_sequences", 0),
+        ("num_sequences", "16"),
+        ("num_sequences", True),
+        ("num_sequences", 1.0),
+        ("bytes", -5),
+        ("num_tokens", 10**12),
+        ("num_tokens", -1),
+        ("sha256", "../../x"),
+        ("sha256", 5),
+    ],
+)
 def test_crafted_manifest_values(cache, key, value):
     lines = manifest(cache)
     lines[1][key] = value
@@ -248,10 +283,23 @@ def test_crafted_manifest_values(cache, key, value):
     assert "manifest.jsonl:2:" in problems(cache)
 
 
-@pytest.mark.parametrize("key,value", [("num_contexts", -1), ("seqlen", 0), ("seqlen", 10**20), ("chunk_size", -16),
-                                       ("num_chunks", 10**18), ("status", "building"), ("format_version", 2),
-                                       ("dtype", "float64"), ("format", "pickle"), ("eot_id", 10**6),
-                                       ("tokenizer", {"spec": "x", "vocab_size": 10**6}), ("num_tokens", 3)])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("num_contexts", -1),
+        ("seqlen", 0),
+        ("seqlen", 10**20),
+        ("chunk_size", -16),
+        ("num_chunks", 10**18),
+        ("status", "building"),
+        ("format_version", 2),
+        ("dtype", "float64"),
+        ("format", "pickle"),
+        ("eot_id", 10**6),
+        ("tokenizer", {"spec": "x", "vocab_size": 10**6}),
+        ("num_tokens", 3),
+    ],
+)
 def test_crafted_metadata(cache, key, value):
     edit_meta(cache, **{key: value})
     assert problems(cache)
@@ -288,7 +336,7 @@ def test_ids_read_back_equal_the_reference_decoder(npy_cache):
     stride = 512 + -(-(128 + SEQLEN * 2) // 512) * 512
     shard = npy_cache / "shard_00000000.tar"
     raw = np.fromfile(shard, dtype=np.uint8)
-    rows = raw[: CHUNK * stride].reshape(CHUNK, stride)[:, 512 + 128: 512 + 128 + SEQLEN * 2].view("<u2")
+    rows = raw[: CHUNK * stride].reshape(CHUNK, stride)[:, 512 + 128 : 512 + 128 + SEQLEN * 2].view("<u2")
     with tarfile.open(shard) as tar:
         ref = np.stack([np.load(io.BytesIO(tar.extractfile(m).read())) for m in tar.getmembers()])
     np.testing.assert_array_equal(rows, ref)
@@ -300,11 +348,26 @@ def test_oversized_manifest_is_not_loaded(cache):
     assert "far more than" in problems(cache)
 
 
-@pytest.mark.parametrize("text,ids", [
-    (b"[1,2,3]", [1, 2, 3]), (b"[ 1, 2 ,3 ]", [1, 2, 3]), (b"[0]", [0]),
-    (b"[]", None), (b"[ ]", None), (b"[1,,2]", None), (b"[1,2,]", None), (b"[,1]", None), (b"[1 2]", None),
-    (b"[1, ,2]", None), (b"[true]", None), (b"[1.5]", None), (b"[-1]", None), (b"1,2", None), (b"[1]x", None),
-])
+@pytest.mark.parametrize(
+    "text,ids",
+    [
+        (b"[1,2,3]", [1, 2, 3]),
+        (b"[ 1, 2 ,3 ]", [1, 2, 3]),
+        (b"[0]", [0]),
+        (b"[]", None),
+        (b"[ ]", None),
+        (b"[1,,2]", None),
+        (b"[1,2,]", None),
+        (b"[,1]", None),
+        (b"[1 2]", None),
+        (b"[1, ,2]", None),
+        (b"[true]", None),
+        (b"[1.5]", None),
+        (b"[-1]", None),
+        (b"1,2", None),
+        (b"[1]x", None),
+    ],
+)
 def test_json_id_lists_are_parsed_strictly(text, ids):
     from tokshuf._verify import _id_list
 

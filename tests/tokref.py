@@ -42,7 +42,7 @@ def _parse_ranks(data: bytes) -> Dict[bytes, int]:
     return ranks
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tiktoken_reference(name: str):
     """A ``tiktoken.Encoding`` equal to ``tiktoken.get_encoding(name)``, built offline."""
     import tiktoken
@@ -71,7 +71,7 @@ def tiktoken_reference(name: str):
     return tiktoken.Encoding(**params)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def neox_reference():
     """GPT-NeoX-20B as DESIGN §4 defines it: special-token strings in text are ordinary text."""
     import tokenizers
@@ -91,7 +91,7 @@ def reference_encode_batch(spec: str, texts):
     return [e.ids for e in neox_reference().encode_batch(list(texts), add_special_tokens=False)]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def sample_texts() -> tuple:
     """The documents of the committed sample corpus (tests/data/sample), in file order."""
     texts = []

@@ -9,10 +9,10 @@ from ._build import DEFAULT_TOKENIZER, BuildStats, build_cache
 from ._core import Tokenizer, __version__
 from .exceptions import (
     BuildNotRunningError,
-    FollowTimeoutError,
     CacheCorruptError,
     ConfigError,
     DiskFullError,
+    FollowTimeoutError,
     InputError,
     InputNotFoundError,
     OutputExistsError,
@@ -51,32 +51,33 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-def __dir__() -> "list[str]":
+def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
+
 __all__ = [
-    "__version__",
-    "build_cache",
-    "Blend",
-    "BuildStats",
     "DEFAULT_TOKENIZER",
-    "Tokenizer",
+    "Blend",
+    "BuildNotRunningError",
+    "BuildStats",
     "Cache",
-    "Reader",
-    "shift_targets",
-    "verify",
-    "VerifyReport",
-    "TokshufError",
+    "CacheCorruptError",
     "ConfigError",
+    "DiskFullError",
+    "FollowTimeoutError",
     "InputError",
     "InputNotFoundError",
+    "OutputExistsError",
+    "Reader",
+    "StateMismatchError",
+    "Tokenizer",
+    "TokenizerError",
+    "TokshufError",
     "TokshufIOError",
     "TokshufPermissionError",
-    "DiskFullError",
-    "TokenizerError",
-    "CacheCorruptError",
-    "OutputExistsError",
-    "StateMismatchError",
-    "BuildNotRunningError",
-    "FollowTimeoutError",
+    "VerifyReport",
+    "__version__",
+    "build_cache",
+    "shift_targets",
+    "verify",
 ]

@@ -18,7 +18,7 @@ def _parse_size(text: str) -> int:
     return int(t)
 
 
-def _add_build(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def _add_build(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from ._build import DEFAULT_TOKENIZER
 
     p = sub.add_parser(
@@ -27,43 +27,80 @@ def _add_build(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
         description="Tokenize jsonl(.gz/.zst) files into a shuffled WebDataset cache. Running the "
         "same command again resumes an interrupted build.",
     )
-    p.add_argument("--input", "-i", action="append", required=True, metavar="PATH",
-                   help="input file, directory (searched recursively) or glob; repeatable")
+    p.add_argument(
+        "--input",
+        "-i",
+        action="append",
+        required=True,
+        metavar="PATH",
+        help="input file, directory (searched recursively) or glob; repeatable",
+    )
     p.add_argument("--output", "-o", required=True, help="cache folder to create (or resume)")
-    p.add_argument("--tokenizer", default=DEFAULT_TOKENIZER,
-                   help="tiktoken:{r50k,p50k,cl100k,o200k}_base, a tokenizer.json (or its folder), "
-                   f"or hf:ORG/NAME from the local Hugging Face cache (default {DEFAULT_TOKENIZER})")
+    p.add_argument(
+        "--tokenizer",
+        default=DEFAULT_TOKENIZER,
+        help="tiktoken:{r50k,p50k,cl100k,o200k}_base, a tokenizer.json (or its folder), "
+        f"or hf:ORG/NAME from the local Hugging Face cache (default {DEFAULT_TOKENIZER})",
+    )
     p.add_argument("--seqlen", type=int, default=2049, help="ids per context (default 2049)")
-    p.add_argument("--wds-chunk-size", "--chunk-size", dest="chunk_size", type=int, default=8192,
-                   help="contexts per output tar (default 8192)")
-    p.add_argument("--num-local-cells", type=int, default=None,
-                   help="number of shuffle cells (default: one per 65,536 contexts)")
-    p.add_argument("--local-cell-dir", default=None,
-                   help="scratch folder for stage-1 spills (default: inside the output folder)")
+    p.add_argument(
+        "--wds-chunk-size",
+        "--chunk-size",
+        dest="chunk_size",
+        type=int,
+        default=8192,
+        help="contexts per output tar (default 8192)",
+    )
+    p.add_argument(
+        "--num-local-cells", type=int, default=None, help="number of shuffle cells (default: one per 65,536 contexts)"
+    )
+    p.add_argument(
+        "--local-cell-dir", default=None, help="scratch folder for stage-1 spills (default: inside the output folder)"
+    )
     p.add_argument("--threads", type=int, default=None, help="worker threads (default: all cores)")
     p.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
     p.add_argument("--text-key", default="text", help="JSON key of the document text (default text)")
     p.add_argument("--format", choices=["npy", "json.gz"], default="npy", help="tar member format")
-    p.add_argument("--tail", choices=["stitch", "pad", "drop"], default="stitch",
-                   help="what to do with each file's last partial context (default stitch)")
+    p.add_argument(
+        "--tail",
+        choices=["stitch", "pad", "drop"],
+        default="stitch",
+        help="what to do with each file's last partial context (default stitch)",
+    )
     p.add_argument("--eot-id", type=int, default=None, help="end-of-text id (default: the tokenizer's)")
     p.add_argument("--pad-id", type=int, default=None, help="padding id (default: the tokenizer's, else EOT)")
     p.add_argument("--bos", action="store_true", help="start every document with a BOS id")
     p.add_argument("--bos-id", type=int, default=None, help="BOS id (default: the tokenizer's)")
-    p.add_argument("--tokenizer-backend", choices=["auto", "fast", "reference"], default="auto",
-                   help="tokenizer implementation: fast where exact (auto, default), or force one; "
-                   "ids are identical")
-    p.add_argument("--allow-special-tokens", action="store_true",
-                   help="let special-token strings in text become control ids (tokenizer.json only)")
-    p.add_argument("--no-shuffle", dest="shuffle", action="store_false",
-                   help="no shuffle: chunks per input file, round-robin over files")
-    p.add_argument("--memory-limit", type=_parse_size, default=None,
-                   help="memory budget, e.g. 8G (default: half of RAM)")
-    p.add_argument("--errors", choices=["raise", "skip"], default="raise",
-                   help="bad input lines: stop with their location, or skip and count them")
+    p.add_argument(
+        "--tokenizer-backend",
+        choices=["auto", "fast", "reference"],
+        default="auto",
+        help="tokenizer implementation: fast where exact (auto, default), or force one; ids are identical",
+    )
+    p.add_argument(
+        "--allow-special-tokens",
+        action="store_true",
+        help="let special-token strings in text become control ids (tokenizer.json only)",
+    )
+    p.add_argument(
+        "--no-shuffle",
+        dest="shuffle",
+        action="store_false",
+        help="no shuffle: chunks per input file, round-robin over files",
+    )
+    p.add_argument(
+        "--memory-limit", type=_parse_size, default=None, help="memory budget, e.g. 8G (default: half of RAM)"
+    )
+    p.add_argument(
+        "--errors",
+        choices=["raise", "skip"],
+        default="raise",
+        help="bad input lines: stop with their location, or skip and count them",
+    )
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
-    p.add_argument("--overwrite", action="store_true",
-                   help="discard an existing build in the output folder and start over")
+    p.add_argument(
+        "--overwrite", action="store_true", help="discard an existing build in the output folder and start over"
+    )
     p.set_defaults(func=_cmd_build)
 
 
@@ -71,14 +108,29 @@ def _cmd_build(args: argparse.Namespace) -> int:
     from ._build import build_cache
 
     stats = build_cache(
-        args.input, args.output, tokenizer=args.tokenizer, seqlen=args.seqlen,
-        chunk_size=args.chunk_size, num_local_cells=args.num_local_cells,
-        local_cell_dir=args.local_cell_dir, seed=args.seed, threads=args.threads,
-        text_key=args.text_key, format=args.format, tail=args.tail, eot_id=args.eot_id,
-        pad_id=args.pad_id, bos=args.bos, bos_id=args.bos_id,
-        allow_special_tokens=args.allow_special_tokens, shuffle=args.shuffle,
-        memory_limit=args.memory_limit, errors=args.errors, progress=args.progress,
-        overwrite=args.overwrite, tokenizer_backend=args.tokenizer_backend,
+        args.input,
+        args.output,
+        tokenizer=args.tokenizer,
+        seqlen=args.seqlen,
+        chunk_size=args.chunk_size,
+        num_local_cells=args.num_local_cells,
+        local_cell_dir=args.local_cell_dir,
+        seed=args.seed,
+        threads=args.threads,
+        text_key=args.text_key,
+        format=args.format,
+        tail=args.tail,
+        eot_id=args.eot_id,
+        pad_id=args.pad_id,
+        bos=args.bos,
+        bos_id=args.bos_id,
+        allow_special_tokens=args.allow_special_tokens,
+        shuffle=args.shuffle,
+        memory_limit=args.memory_limit,
+        errors=args.errors,
+        progress=args.progress,
+        overwrite=args.overwrite,
+        tokenizer_backend=args.tokenizer_backend,
     )
     if not (args.progress and sys.stderr.isatty()):
         print(stats.summary())

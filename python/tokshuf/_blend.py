@@ -88,8 +88,7 @@ def _check_compatible(components: Sequence[BlendComponent]) -> None:
             detail = f"seqlen {first.cache.seqlen} vs {c.cache.seqlen}"
         elif _tokenizer_identity(first.meta) != _tokenizer_identity(c.meta):
             detail = (
-                f"tokenizer {_tokenizer_name(first.meta)!r} vs {_tokenizer_name(c.meta)!r} "
-                "(different vocabularies)"
+                f"tokenizer {_tokenizer_name(first.meta)!r} vs {_tokenizer_name(c.meta)!r} (different vocabularies)"
             )
         elif first.cache.dtype != c.cache.dtype:
             detail = f"dtype {first.cache.dtype} vs {c.cache.dtype}"
@@ -272,10 +271,30 @@ class Blend:
         no cache gets more streams than it has chunks. The same R* orders every component."""
         return min(c.cache.ideal_readers for c in self.components)
 
-    def _make_reader_core(self, batch_size: int, rank: int, world_size: int, ideal_readers: int, seed: int,
-                          reshuffle: bool, single_pass: bool, drop_last: bool, dtype: str) -> Any:
-        return self.schedule.reader_core([c.cache._inner for c in self.components], batch_size, rank, world_size,
-                                         ideal_readers, seed, reshuffle, single_pass, drop_last, dtype)
+    def _make_reader_core(
+        self,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        ideal_readers: int,
+        seed: int,
+        reshuffle: bool,
+        single_pass: bool,
+        drop_last: bool,
+        dtype: str,
+    ) -> Any:
+        return self.schedule.reader_core(
+            [c.cache._inner for c in self.components],
+            batch_size,
+            rank,
+            world_size,
+            ideal_readers,
+            seed,
+            reshuffle,
+            single_pass,
+            drop_last,
+            dtype,
+        )
 
     @staticmethod
     def _check_index(m: Any) -> int:
@@ -285,7 +304,7 @@ class Blend:
 
     # -- reporting ----------------------------------------------------------------------------
 
-    def describe(self, num_examples: Optional[int] = None) -> "BlendDescription":
+    def describe(self, num_examples: Optional[int] = None) -> BlendDescription:
         """Requested vs achieved ratios (``print()`` it for a table, ``.to_dict()`` for data).
 
         Achieved is what every period of the schedule delivers, ``q_i / D``. With

@@ -37,8 +37,9 @@ class Cache:
     is not complete. On a complete cache ``follow=True`` changes nothing.
     """
 
-    def __init__(self, path: PathLike, *, check_files: bool = True, follow: bool = False,
-                 timeout: Optional[float] = None) -> None:
+    def __init__(
+        self, path: PathLike, *, check_files: bool = True, follow: bool = False, timeout: Optional[float] = None
+    ) -> None:
         self._path = os.fspath(path)
         self._check_files = bool(check_files)
         self._follow = bool(follow)
@@ -48,12 +49,15 @@ class Cache:
 
     # Pickle by path: a DataLoader worker started with "spawn" reopens the cache.
     def __getstate__(self) -> Dict[str, Any]:
-        return {"path": self._path, "check_files": self._check_files, "follow": self._follow,
-                "timeout": self._timeout}
+        return {"path": self._path, "check_files": self._check_files, "follow": self._follow, "timeout": self._timeout}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
-        self.__init__(state["path"], check_files=state.get("check_files", True),  # type: ignore[misc]
-                      follow=state.get("follow", False), timeout=state.get("timeout"))
+        self.__init__(
+            state["path"],
+            check_files=state.get("check_files", True),  # type: ignore[misc]
+            follow=state.get("follow", False),
+            timeout=state.get("timeout"),
+        )
 
     @property
     def following(self) -> bool:
@@ -128,11 +132,22 @@ class Cache:
             return f"Cache({self._path!r}, following a build, seqlen={self.seqlen})"
         return f"Cache({self._path!r}, contexts={len(self)}, seqlen={self.seqlen}, chunks={self.num_chunks})"
 
-    def _make_reader_core(self, batch_size: int, rank: int, world_size: int, ideal_readers: int, seed: int,
-                          reshuffle: bool, single_pass: bool, drop_last: bool, dtype: str) -> Any:
+    def _make_reader_core(
+        self,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        ideal_readers: int,
+        seed: int,
+        reshuffle: bool,
+        single_pass: bool,
+        drop_last: bool,
+        dtype: str,
+    ) -> Any:
         """The Rust side of a :class:`tokshuf.Reader` over this cache (a Blend has the same)."""
-        return _core.ReaderCore(self._inner, batch_size, rank, world_size, ideal_readers, seed, reshuffle,
-                                single_pass, drop_last, dtype)
+        return _core.ReaderCore(
+            self._inner, batch_size, rank, world_size, ideal_readers, seed, reshuffle, single_pass, drop_last, dtype
+        )
 
     def get_batch(self, indices: Iterable[int], dtype: Union[str, np.dtype, None] = None) -> np.ndarray:
         """Contexts ``indices`` (manifest order, negative counts from the end) as a 2-D array."""
@@ -167,4 +182,3 @@ def _dtype_name(dtype: Union[str, np.dtype, type]) -> str:
     if name not in DTYPES:
         raise ConfigError(f"dtype={dtype!r}: expected one of {DTYPES}")
     return name
-

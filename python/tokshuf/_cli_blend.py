@@ -44,12 +44,18 @@ def parse_blend_spec(text: str) -> Tuple[str, float]:
 def add_blend_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``--blend PATH:WEIGHT`` (repeatable) and ``--blend-quantum`` to a parser."""
     parser.add_argument(
-        "--blend", action="append", type=parse_blend_spec, default=None, metavar="PATH:WEIGHT",
-        help="read a weighted blend of caches instead of one cache; repeat once per cache "
-        "(weights are normalised)",
+        "--blend",
+        action="append",
+        type=parse_blend_spec,
+        default=None,
+        metavar="PATH:WEIGHT",
+        help="read a weighted blend of caches instead of one cache; repeat once per cache (weights are normalised)",
     )
     parser.add_argument(
-        "--blend-quantum", type=int, default=DEFAULT_QUANTUM, metavar="D",
+        "--blend-quantum",
+        type=int,
+        default=DEFAULT_QUANTUM,
+        metavar="D",
         help=f"period of the blend schedule; shares are multiples of 1/D (default {DEFAULT_QUANTUM})",
     )
 
@@ -64,19 +70,29 @@ def blend_from_args(args: argparse.Namespace, *, seed: int = 0) -> Optional[Blen
     return Blend(specs, seed=seed, quantum=args.blend_quantum)
 
 
-def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "blend",
         help="show how a weighted blend of caches is scheduled (requested vs achieved ratios)",
         description="Show the schedule of a weighted blend of caches: requested and achieved "
         "ratios, draws per period, and optionally how many passes over each cache a run takes.",
     )
-    p.add_argument("specs", nargs="+", type=parse_blend_spec, metavar="PATH:WEIGHT",
-                   help="a cache folder and its weight; one per cache")
-    p.add_argument("--quantum", type=int, default=DEFAULT_QUANTUM,
-                   help=f"period of the schedule (default {DEFAULT_QUANTUM})")
-    p.add_argument("--num-examples", type=int, default=None,
-                   help="also count draws of each cache among the first N blended examples")
+    p.add_argument(
+        "specs",
+        nargs="+",
+        type=parse_blend_spec,
+        metavar="PATH:WEIGHT",
+        help="a cache folder and its weight; one per cache",
+    )
+    p.add_argument(
+        "--quantum", type=int, default=DEFAULT_QUANTUM, help=f"period of the schedule (default {DEFAULT_QUANTUM})"
+    )
+    p.add_argument(
+        "--num-examples",
+        type=int,
+        default=None,
+        help="also count draws of each cache among the first N blended examples",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_cmd_blend)
 

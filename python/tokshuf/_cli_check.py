@@ -20,7 +20,7 @@ from . import _core
 from .exceptions import ConfigError, InputError
 
 
-def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "check-tokenizer",
         help="compare the fast tokenizer backend with the reference library on a corpus",
@@ -30,11 +30,18 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
     p.add_argument("corpus", nargs="+", help="jsonl(.gz/.zst) files, directories or globs")
     p.add_argument("--limit", type=int, default=None, metavar="N", help="check the first N documents only")
     p.add_argument("--text-key", default="text", help="JSON key of the document text (default text)")
-    p.add_argument("--reference", choices=["auto", "python", "tokshuf"], default="auto",
-                   help="reference: the Python library (python), tokshuf's reference backend "
-                   "(tokshuf), or the Python library when installed (auto, default)")
-    p.add_argument("--allow-special-tokens", action="store_true",
-                   help="special-token strings in text become control ids (tokenizer.json only)")
+    p.add_argument(
+        "--reference",
+        choices=["auto", "python", "tokshuf"],
+        default="auto",
+        help="reference: the Python library (python), tokshuf's reference backend "
+        "(tokshuf), or the Python library when installed (auto, default)",
+    )
+    p.add_argument(
+        "--allow-special-tokens",
+        action="store_true",
+        help="special-token strings in text become control ids (tokenizer.json only)",
+    )
     p.add_argument("--show", type=int, default=3, metavar="K", help="print the first K differences (default 3)")
     p.set_defaults(func=_cmd)
 
@@ -98,8 +105,10 @@ def python_reference(spec: str, allow_special: bool) -> Tuple[str, Callable[[str
 
     tok = tokenizers.Tokenizer.from_file(_core._tokenizer_json_path(spec))
     tok.encode_special_tokens = not allow_special
-    return (f"tokenizers {tokenizers.__version__} encode(add_special_tokens=False)",
-            lambda text: tok.encode(text, add_special_tokens=False).ids)
+    return (
+        f"tokenizers {tokenizers.__version__} encode(add_special_tokens=False)",
+        lambda text: tok.encode(text, add_special_tokens=False).ids,
+    )
 
 
 def _timed(encode: Callable[[str], List[int]], texts: List[str]) -> Tuple[List[List[int]], float]:
@@ -110,12 +119,14 @@ def _timed(encode: Callable[[str], List[int]], texts: List[str]) -> Tuple[List[L
 
 def _describe(tok, where: str, text: str, got: List[int], want: List[int]) -> str:
     k = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-    before = tok.decode(want[max(0, k - 8):k])
-    piece = lambda ids: ", ".join(f"{i} {tok.decode([i])!r}" for i in ids[k:k + 6])  # noqa: E731
-    return (f"  {where}: {len(got)} vs {len(want)} ids, first difference at id {k}\n"
-            f"    after     ...{before[-60:]!r}\n"
-            f"    fast      [{piece(got)}]\n"
-            f"    reference [{piece(want)}]")
+    before = tok.decode(want[max(0, k - 8) : k])
+    piece = lambda ids: ", ".join(f"{i} {tok.decode([i])!r}" for i in ids[k : k + 6])  # noqa: E731
+    return (
+        f"  {where}: {len(got)} vs {len(want)} ids, first difference at id {k}\n"
+        f"    after     ...{before[-60:]!r}\n"
+        f"    fast      [{piece(got)}]\n"
+        f"    reference [{piece(want)}]"
+    )
 
 
 def _cmd(args: argparse.Namespace) -> int:
@@ -174,6 +185,12 @@ def _cmd(args: argparse.Namespace) -> int:
     print(f"{args.tokenizer}: {ndocs:,} documents, {nbytes / 1e6:,.1f} MB of text, {nids:,} reference ids")
     print(f"  fast      {fast.backend}: {nbytes / 1e6 / max(t_fast, 1e-9):.1f} MB/s (one thread)")
     print(f"  reference {name}: {nbytes / 1e6 / max(t_ref, 1e-9):.1f} MB/s (one thread)")
-    print(f"  {len(differ):,} differ" + (f" (first shown above; all: {', '.join(differ[:20])}"
-                                          f"{' ...' if len(differ) > 20 else ''})" if differ else " (ids identical)"))
+    print(
+        f"  {len(differ):,} differ"
+        + (
+            f" (first shown above; all: {', '.join(differ[:20])}{' ...' if len(differ) > 20 else ''})"
+            if differ
+            else " (ids identical)"
+        )
+    )
     return 1 if differ else 0

@@ -11,7 +11,7 @@ from typing import Any
 from ._cli_blend import add_blend_arguments, blend_from_args
 
 
-def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "read",
         help="read batches of a cache (or a blend of caches) and print one checksum per batch",
@@ -25,15 +25,27 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
     p.add_argument("--batch-size", type=int, required=True, help="global batch size (examples)")
     p.add_argument("--steps", type=int, default=10, help="batches to read (default 10)")
     p.add_argument("--start-step", type=int, default=0)
-    p.add_argument("--ideal-readers", type=int, default=None,
-                   help="R* (default: the cache's; for a blend the smallest of its caches')")
+    p.add_argument(
+        "--ideal-readers",
+        type=int,
+        default=None,
+        help="R* (default: the cache's; for a blend the smallest of its caches')",
+    )
     p.add_argument("--seed", type=int, default=0, help="order seed for epochs >= 1 (also of a blend's caches)")
-    p.add_argument("--no-reshuffle", dest="reshuffle", action="store_false",
-                   help="repeat epoch 0's order instead of reshuffling later epochs")
+    p.add_argument(
+        "--no-reshuffle",
+        dest="reshuffle",
+        action="store_false",
+        help="repeat epoch 0's order instead of reshuffling later epochs",
+    )
     p.add_argument("--single-pass", action="store_true", help="each context once, manifest order")
-    p.add_argument("--global", dest="global_", action="store_true",
-                   help="read the slices of all --world-size ranks and checksum each whole global "
-                   "batch (reassembled in example order): the same for every world size")
+    p.add_argument(
+        "--global",
+        dest="global_",
+        action="store_true",
+        help="read the slices of all --world-size ranks and checksum each whole global "
+        "batch (reassembled in example order): the same for every world size",
+    )
     p.set_defaults(func=_cmd_read)
 
     q = sub.add_parser("inspect", help="print a cache's metadata and decode its first contexts")
@@ -55,15 +67,28 @@ def _cmd_read(args: argparse.Namespace) -> int:
     source = blend if blend is not None else args.cache
     world = args.world_size
     ranks = range(world) if args.global_ else [args.rank]
-    readers = [Reader(source, batch_size=args.batch_size, rank=r, world_size=world,
-                      ideal_readers=args.ideal_readers, seed=args.seed, reshuffle=args.reshuffle,
-                      single_pass=args.single_pass, start_step=args.start_step, dtype="int64")
-               for r in ranks]
+    readers = [
+        Reader(
+            source,
+            batch_size=args.batch_size,
+            rank=r,
+            world_size=world,
+            ideal_readers=args.ideal_readers,
+            seed=args.seed,
+            reshuffle=args.reshuffle,
+            single_pass=args.single_pass,
+            start_step=args.start_step,
+            dtype="int64",
+        )
+        for r in ranks
+    ]
     reader = readers[0]
     what = f"blend of {blend.num_components} caches" if blend is not None else args.cache
     who = f"all {world} ranks (global batches)" if args.global_ else f"rank {args.rank}/{world}"
-    print(f"# {what}: {who}, batch {args.batch_size}, R* {reader.ideal_readers}, "
-          f"seed {args.seed}, fingerprint {reader.fingerprint[:16]}")
+    print(
+        f"# {what}: {who}, batch {args.batch_size}, R* {reader.ideal_readers}, "
+        f"seed {args.seed}, fingerprint {reader.fingerprint[:16]}"
+    )
     total = hashlib.sha256()
     for n, slices in enumerate(itertools.islice(zip(*readers), args.steps)):
         batch = slices[0]
@@ -92,15 +117,35 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     cache = Cache(args.cache)
     meta = cache.metadata
     print(f"{cache.path}")
-    for key in ("status", "format_version", "tokshuf_version", "format", "dtype", "seqlen", "chunk_size",
-                "num_chunks", "num_contexts", "num_documents", "num_tokens", "num_padding_tokens", "seed",
-                "shuffle", "tail", "eot_id", "pad_id", "bos_id"):
+    for key in (
+        "status",
+        "format_version",
+        "tokshuf_version",
+        "format",
+        "dtype",
+        "seqlen",
+        "chunk_size",
+        "num_chunks",
+        "num_contexts",
+        "num_documents",
+        "num_tokens",
+        "num_padding_tokens",
+        "seed",
+        "shuffle",
+        "tail",
+        "eot_id",
+        "pad_id",
+        "bos_id",
+    ):
         if key in meta:
             print(f"  {key:<20}{_short(meta[key])}")
     tok = meta.get("tokenizer", {})
     print(f"  {'tokenizer':<20}{tok.get('spec')} (vocab {tok.get('vocab_size')}, sha256 {str(tok.get('sha256'))[:16]})")
     print(f"  {'inputs':<20}{len(meta.get('inputs', []))} files, {meta.get('bytes_in', 0):,} bytes")
-    print(f"  {'ideal_readers':<20}{cache.ideal_readers}" + ("" if "ideal_readers" in meta else " (default: min(64, chunks))"))
+    print(
+        f"  {'ideal_readers':<20}{cache.ideal_readers}"
+        + ("" if "ideal_readers" in meta else " (default: min(64, chunks))")
+    )
     print(f"  {'fingerprint':<20}{cache.fingerprint}")
     try:
         decoder: Any = Tokenizer(tok["spec"])

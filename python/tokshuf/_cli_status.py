@@ -36,7 +36,7 @@ def format_status(s: Dict[str, Any]) -> str:
     )
 
 
-def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "status",
         help="show how far a build has come (finished or not)",

@@ -97,8 +97,10 @@ class Reader:
             self._source = Cache(cache, follow=bool(follow), timeout=timeout)
         if isinstance(self._source, Blend):
             if seed is not None and seed != self._source.seed:
-                raise ConfigError(f"seed={seed!r} differs from the blend's seed {self._source.seed}: "
-                                  "a blend fixes the seed of its components' order (Blend(..., seed=...))")
+                raise ConfigError(
+                    f"seed={seed!r} differs from the blend's seed {self._source.seed}: "
+                    "a blend fixes the seed of its components' order (Blend(..., seed=...))"
+                )
             seed = self._source.seed
         self._seed = _int("seed", 0 if seed is None else seed, 0)
         if self._seed >= 2**64:
@@ -113,9 +115,17 @@ class Reader:
         self.seek(step=start_step)
 
     def _make_core(self) -> Any:
-        return self._source._make_reader_core(self._batch_size, self._rank, self._world_size, self._ideal_readers,
-                                              self._seed, self._reshuffle, self._single_pass, self._drop_last,
-                                              self._dtype)
+        return self._source._make_reader_core(
+            self._batch_size,
+            self._rank,
+            self._world_size,
+            self._ideal_readers,
+            self._seed,
+            self._reshuffle,
+            self._single_pass,
+            self._drop_last,
+            self._dtype,
+        )
 
     # ---- options --------------------------------------------------------------------------
     @property
@@ -171,7 +181,7 @@ class Reader:
         return self._next // self._batch_size
 
     # ---- reading --------------------------------------------------------------------------
-    def __iter__(self) -> "Reader":
+    def __iter__(self) -> Reader:
         return self
 
     def _has_batch(self, first: int) -> bool:
@@ -302,8 +312,10 @@ class Reader:
         # A state saved while following the build names the cache by its recipe.
         accepted = getattr(self._source, "_state_fingerprints", lambda: [self._source.fingerprint])()
         if state.get("cache") not in accepted:
-            raise StateMismatchError("state was saved for another cache or blend (or it changed): "
-                                     f"{state.get('cache')!r:.20} != {self._source.fingerprint!r:.20}")
+            raise StateMismatchError(
+                "state was saved for another cache or blend (or it changed): "
+                f"{state.get('cache')!r:.20} != {self._source.fingerprint!r:.20}"
+            )
         theirs = state.get("options", {})
         diff = [f"{k} ({theirs.get(k)!r} -> {v!r})" for k, v in self._options().items() if theirs.get(k) != v]
         if diff:
@@ -320,7 +332,7 @@ class Reader:
         """Stop read-ahead threads (they also stop when the reader is garbage-collected)."""
         self._close_prefetch()
 
-    def __enter__(self) -> "Reader":
+    def __enter__(self) -> Reader:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -338,5 +350,7 @@ class Reader:
         self._pid = os.getpid()
 
     def __repr__(self) -> str:
-        return (f"Reader({self._source!r}, batch_size={self._batch_size}, rank={self._rank}, "
-                f"world_size={self._world_size}, ideal_readers={self._ideal_readers}, step={self.step})")
+        return (
+            f"Reader({self._source!r}, batch_size={self._batch_size}, rank={self._rank}, "
+            f"world_size={self._world_size}, ideal_readers={self._ideal_readers}, step={self.step})"
+        )

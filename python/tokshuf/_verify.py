@@ -90,14 +90,14 @@ class VerifyReport:
                 lines.append(f"    ... and {self.omitted} more")
         return "\n".join(lines)
 
-    def raise_if_bad(self) -> "VerifyReport":
+    def raise_if_bad(self) -> VerifyReport:
         """Raise :class:`CacheCorruptError` listing the problems, if any."""
         if not self.ok:
             raise CacheCorruptError(f"{self.path}: " + "; ".join(self.problems[:10]))
         return self
 
 
-def verify(path: Union[str, "os.PathLike[str]"], full: bool = False) -> VerifyReport:
+def verify(path: Union[str, os.PathLike[str]], full: bool = False) -> VerifyReport:
     """Check the cache at ``path``; ``full`` also hashes every shard (reads every byte).
 
     Returns a :class:`VerifyReport` (problems are reported, not raised; call
@@ -251,7 +251,9 @@ def _check_manifest(root: Path, meta: Dict[str, Any], report: VerifyReport) -> O
         report.problem(f"manifest.jsonl: {len(lines)} shards, tokshuf.json says num_chunks {meta['num_chunks']}")
     total = sum(m["num_sequences"] for m in lines)
     if total != meta["num_contexts"]:
-        report.problem(f"manifest.jsonl: {total} contexts in all, tokshuf.json says num_contexts {meta['num_contexts']}")
+        report.problem(
+            f"manifest.jsonl: {total} contexts in all, tokshuf.json says num_contexts {meta['num_contexts']}"
+        )
     if all("num_tokens" in m for m in lines):
         tokens = sum(m["num_tokens"] for m in lines)
         if tokens != meta["num_tokens"]:
@@ -265,7 +267,9 @@ def _check_manifest(root: Path, meta: Dict[str, Any], report: VerifyReport) -> O
         # Shuffled chunks are cut from one global order: only the last may be short.
         for k, m in enumerate(lines[:-1]):
             if m["num_sequences"] != meta["chunk_size"]:
-                report.problem(f"manifest.jsonl:{k + 1}: num_sequences {m['num_sequences']} != chunk_size (not the last chunk)")
+                report.problem(
+                    f"manifest.jsonl:{k + 1}: num_sequences {m['num_sequences']} != chunk_size (not the last chunk)"
+                )
     return lines if len(report.problems) == bad else None
 
 
@@ -308,8 +312,15 @@ def _check_tar_header(block: bytes, name: str) -> Optional[str]:
     return None
 
 
-def _check_shard(root: Path, meta: Dict[str, Any], k: int, line: Dict[str, Any], full: bool,
-                 header: Dict[str, bytes], report: VerifyReport) -> None:
+def _check_shard(
+    root: Path,
+    meta: Dict[str, Any],
+    k: int,
+    line: Dict[str, Any],
+    full: bool,
+    header: Dict[str, bytes],
+    report: VerifyReport,
+) -> None:
     name = f"{line['shard']}.tar"
     p = root / name
     try:
@@ -347,7 +358,9 @@ def _check_shard(root: Path, meta: Dict[str, Any], k: int, line: Dict[str, Any],
                 for block in iter(lambda: f.read(8 << 20), b""):
                     h.update(block)
             if h.hexdigest() != line["sha256"]:
-                report.problem(f"{name}: sha256 {h.hexdigest()[:16]}... differs from the manifest's {line['sha256'][:16]}...")
+                report.problem(
+                    f"{name}: sha256 {h.hexdigest()[:16]}... differs from the manifest's {line['sha256'][:16]}..."
+                )
 
 
 def _npy_header(data: bytes, meta: Dict[str, Any]) -> Tuple[Optional[int], str]:
@@ -359,7 +372,7 @@ def _npy_header(data: bytes, meta: Dict[str, Any]) -> Tuple[Optional[int], str]:
         f = io.BytesIO(data[:hlen])
         np.lib.format.read_magic(f)
         shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-    except Exception as e:  # noqa: BLE001 - numpy parses the dict with ast (SyntaxError etc.)
+    except Exception as e:
         return None, f"npy header unreadable ({type(e).__name__}: {e})"
     want = DTYPES[meta["dtype"]]
     if shape != (meta["seqlen"],) or fortran or dtype != want:
@@ -367,8 +380,9 @@ def _npy_header(data: bytes, meta: Dict[str, Any]) -> Tuple[Optional[int], str]:
     return hlen, ""
 
 
-def _check_npy_shard(f, name: str, size: int, meta: Dict[str, Any], k: int, n: int,
-                     header: Dict[str, bytes], report: VerifyReport) -> bool:
+def _check_npy_shard(
+    f, name: str, size: int, meta: Dict[str, Any], k: int, n: int, header: Dict[str, bytes], report: VerifyReport
+) -> bool:
     seqlen, dtype, vocab = meta["seqlen"], DTYPES[meta["dtype"]], meta["tokenizer"]["vocab_size"]
     first = f.read(TAR_BLOCK + 1024)
     if len(first) < TAR_BLOCK + 10:
@@ -382,7 +396,7 @@ def _check_npy_shard(f, name: str, size: int, meta: Dict[str, Any], k: int, n: i
     if hlen is None:
         report.problem(f"{name}: member 0: {why}")
         return False
-    npy = first[TAR_BLOCK:TAR_BLOCK + hlen]
+    npy = first[TAR_BLOCK : TAR_BLOCK + hlen]
     if header.setdefault("npy", npy) != npy:
         report.problem(f"{name}: npy header differs from the first shard's")
         return False
@@ -397,7 +411,7 @@ def _check_npy_shard(f, name: str, size: int, meta: Dict[str, Any], k: int, n: i
         return False
     mm = np.memmap(f, dtype=np.uint8, mode="r", shape=(size,))
     try:
-        if mm[n * stride:].any():
+        if mm[n * stride :].any():
             report.problem(f"{name}: the tar trailer (two zero blocks) is not zero")
             return False
         rows = mm[: n * stride].reshape(n, stride)
@@ -405,12 +419,14 @@ def _check_npy_shard(f, name: str, size: int, meta: Dict[str, Any], k: int, n: i
         npy0 = np.frombuffer(npy, dtype=np.uint8)
         fixed = np.r_[100:148, 156:TAR_BLOCK]  # everything but the name and the checksum
         for start in range(0, n, ROWS_PER_BLOCK):
-            block = rows[start:start + ROWS_PER_BLOCK]
+            block = rows[start : start + ROWS_PER_BLOCK]
             m = len(block)
             heads = np.asarray(block[:, :TAR_BLOCK])
             bad = np.flatnonzero((heads[:, fixed] != tar0[fixed]).any(axis=1))
             if bad.size:
-                report.problem(f"{name}: member {start + bad[0]}: tar header differs from member 0's (size, mode, type...)")
+                report.problem(
+                    f"{name}: member {start + bad[0]}: tar header differs from member 0's (size, mode, type...)"
+                )
                 return False
             names = np.frombuffer(
                 b"".join(f"{k:08d}_{i:08d}.npy".encode().ljust(100, b"\0") for i in range(start, start + m)),
@@ -419,22 +435,24 @@ def _check_npy_shard(f, name: str, size: int, meta: Dict[str, Any], k: int, n: i
             bad = np.flatnonzero((heads[:, :100] != names).any(axis=1))
             if bad.size:
                 got = bytes(heads[bad[0], :100]).split(b"\0", 1)[0]
-                report.problem(f"{name}: member {start + bad[0]}: name {got[:40]!r}, expected {k:08d}_{start + bad[0]:08d}.npy")
+                report.problem(
+                    f"{name}: member {start + bad[0]}: name {got[:40]!r}, expected {k:08d}_{start + bad[0]:08d}.npy"
+                )
                 return False
             computed = heads[:, :148].sum(axis=1, dtype=np.int64) + heads[:, 156:].sum(axis=1, dtype=np.int64) + 8 * 32
             for i in range(m):
                 if _parse_octal(bytes(heads[i, 148:156])) != computed[i]:
                     report.problem(f"{name}: member {start + i}: tar header checksum is wrong")
                     return False
-            bad = np.flatnonzero((block[:, TAR_BLOCK:TAR_BLOCK + hlen] != npy0).any(axis=1))
+            bad = np.flatnonzero((block[:, TAR_BLOCK : TAR_BLOCK + hlen] != npy0).any(axis=1))
             if bad.size:
                 report.problem(f"{name}: member {start + bad[0]}: npy header differs from member 0's")
                 return False
-            if np.asarray(block[:, TAR_BLOCK + payload:]).any():
-                i = int(np.flatnonzero(np.asarray(block[:, TAR_BLOCK + payload:]).any(axis=1))[0])
+            if np.asarray(block[:, TAR_BLOCK + payload :]).any():
+                i = int(np.flatnonzero(np.asarray(block[:, TAR_BLOCK + payload :]).any(axis=1))[0])
                 report.problem(f"{name}: member {start + i}: padding after the ids is not zero")
                 return False
-            ids = block[:, TAR_BLOCK + hlen:TAR_BLOCK + payload].view(dtype)
+            ids = block[:, TAR_BLOCK + hlen : TAR_BLOCK + payload].view(dtype)
             top = ids.max(axis=1)
             bad = np.flatnonzero(top >= vocab)
             if bad.size:

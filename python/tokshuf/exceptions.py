@@ -63,16 +63,16 @@ class FollowTimeoutError(TokshufError, TimeoutError):
 
 __all__ = [
     "BuildNotRunningError",
-    "FollowTimeoutError",
-    "TokshufError",
+    "CacheCorruptError",
     "ConfigError",
+    "DiskFullError",
+    "FollowTimeoutError",
     "InputError",
     "InputNotFoundError",
-    "TokshufIOError",
-    "TokshufPermissionError",
-    "DiskFullError",
-    "TokenizerError",
-    "CacheCorruptError",
     "OutputExistsError",
     "StateMismatchError",
+    "TokenizerError",
+    "TokshufError",
+    "TokshufIOError",
+    "TokshufPermissionError",
 ]

@@ -16,7 +16,11 @@ import sys
 # source -> (output file, text-byte budget, documents to include first if present)
 PLAN = {
     "kjv-bible": ("kjv.jsonl", 420_000, []),
-    "python-docs": ("python-docs.jsonl", 1_120_000, ["python-docs/howto/unicode.rst.txt", "python-docs/library/random.rst.txt"]),
+    "python-docs": (
+        "python-docs.jsonl",
+        1_120_000,
+        ["python-docs/howto/unicode.rst.txt", "python-docs/library/random.rst.txt"],
+    ),
     "wordnet": ("wordnet.jsonl", 330_000, []),
 }
 MAX_DOC = 80_000
