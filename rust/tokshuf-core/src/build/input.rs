@@ -74,11 +74,6 @@ impl<R: Read> Read for ErrorAt<R> {
     }
 }
 
-/// True for the names `build_cache` accepts as input files.
-pub fn is_input_name(name: &str) -> bool {
-    [".jsonl", ".jsonl.gz", ".jsonl.zst", ".jsonl.zstd"].iter().any(|s| name.ends_with(s))
-}
-
 /// Reads a stream into batches of whole lines (one buffer, many line ends: no per-line
 /// allocation). A decoding failure is reported with the line it happened on.
 pub struct LineBatcher<R> {

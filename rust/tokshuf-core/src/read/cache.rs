@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use memmap2::Mmap;
 use sha2::{Digest, Sha256};
 
+pub use super::members::Id;
 use super::members::{header_name_is, index_json_gz, parse_id_list};
 use super::order::{cache_source, OrderOptions, Source};
 use super::per_process::PerProcess;
@@ -38,35 +39,6 @@ enum Mapped {
 struct Maps {
     by_chunk: HashMap<u64, Arc<Mapped>>,
     fifo: VecDeque<u64>,
-}
-
-/// Output element types of the reader.
-pub trait Id: Copy + Default + Send + Sync + 'static {
-    fn from_id(x: u32) -> Self;
-}
-impl Id for u16 {
-    #[inline]
-    fn from_id(x: u32) -> Self {
-        x as u16
-    }
-}
-impl Id for u32 {
-    #[inline]
-    fn from_id(x: u32) -> Self {
-        x
-    }
-}
-impl Id for i32 {
-    #[inline]
-    fn from_id(x: u32) -> Self {
-        x as i32
-    }
-}
-impl Id for i64 {
-    #[inline]
-    fn from_id(x: u32) -> Self {
-        x as i64
-    }
 }
 
 /// How a cache opened while its build runs learns its chunks: the one seam through which
@@ -335,12 +307,6 @@ impl Cache {
                 Ok(Mapped::JsonGz(mmap, members))
             }
         }
-    }
-
-    /// Copy context `index` of chunk `c` into `out` (len seqlen).
-    pub fn read_into<T: Id>(&self, c: u64, index: u64, out: &mut [T]) -> Result<()> {
-        let mapped = self.mapped(c)?;
-        self.read_mapped(&mapped, c, index, out)
     }
 
     fn read_mapped<T: Id>(&self, mapped: &Mapped, c: u64, index: u64, out: &mut [T]) -> Result<()> {

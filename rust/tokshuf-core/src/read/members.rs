@@ -2,9 +2,37 @@
 
 use std::path::Path;
 
-use super::cache::Id;
 use crate::error::{Error, Result};
 use crate::format::{self, Format};
+
+/// Output element types of the reader.
+pub trait Id: Copy + Default + Send + Sync + 'static {
+    fn from_id(x: u32) -> Self;
+}
+impl Id for u16 {
+    #[inline]
+    fn from_id(x: u32) -> Self {
+        x as u16
+    }
+}
+impl Id for u32 {
+    #[inline]
+    fn from_id(x: u32) -> Self {
+        x
+    }
+}
+impl Id for i32 {
+    #[inline]
+    fn from_id(x: u32) -> Self {
+        x as i32
+    }
+}
+impl Id for i64 {
+    #[inline]
+    fn from_id(x: u32) -> Self {
+        x as i64
+    }
+}
 
 pub(super) fn header_name_is(header: &[u8], name: &str) -> bool {
     let field = &header[..100];
