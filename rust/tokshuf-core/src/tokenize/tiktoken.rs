@@ -1,0 +1,243 @@
+//! The tiktoken encodings (`tiktoken:NAME`): embedded ranks, tiktoken's pre-tokenizer regex and
+//! our own merge (`bpe`), or the fast backend. Ids equal Python tiktoken's `encode_ordinary`.
+
+use std::sync::{Arc, OnceLock};
+
+use sha2::{Digest, Sha256};
+
+use super::bpe::{self, BytePairEncoder};
+// tiktoken's pre-tokenizer patterns, as in tiktoken_ext.openai_public (the fast scanners
+// recognise them by this exact text).
+use super::pretok::{CL100K as CL100K_PAT, GPT2_TIKTOKEN as R50K_PAT, O200K as O200K_PAT};
+use super::{choose, Backend, Encoder, Tokenizer};
+use crate::error::{Error, Result};
+
+struct TiktokenSpec {
+    data: &'static [u8],
+    pattern: &'static str,
+    ws: WsRule,
+    /// (token, id) of the special tokens; the first is end-of-text.
+    specials: &'static [(&'static str, u32)],
+}
+
+fn tiktoken_spec(name: &str) -> Option<TiktokenSpec> {
+    Some(match name {
+        "r50k_base" | "gpt2" => TiktokenSpec {
+            data: include_bytes!("../../data/r50k_base.tiktoken.gz"),
+            pattern: R50K_PAT,
+            ws: WsRule::R50k,
+            specials: &[("<|endoftext|>", 50256)],
+        },
+        "p50k_base" => TiktokenSpec {
+            data: include_bytes!("../../data/p50k_base.tiktoken.gz"),
+            pattern: R50K_PAT,
+            ws: WsRule::R50k,
+            specials: &[("<|endoftext|>", 50256)],
+        },
+        "cl100k_base" => TiktokenSpec {
+            data: include_bytes!("../../data/cl100k_base.tiktoken.gz"),
+            pattern: CL100K_PAT,
+            ws: WsRule::Cl100k,
+            specials: &[
+                ("<|endoftext|>", 100257),
+                ("<|fim_prefix|>", 100258),
+                ("<|fim_middle|>", 100259),
+                ("<|fim_suffix|>", 100260),
+                ("<|endofprompt|>", 100276),
+            ],
+        },
+        "o200k_base" => TiktokenSpec {
+            data: include_bytes!("../../data/o200k_base.tiktoken.gz"),
+            pattern: O200K_PAT,
+            ws: WsRule::O200k,
+            specials: &[("<|endoftext|>", 199999), ("<|endofprompt|>", 200018)],
+        },
+        _ => return None,
+    })
+}
+
+/// The embedded `.tiktoken` file of an encoding (decompressed), for building the Python
+/// reference offline.
+pub fn tiktoken_data(name: &str) -> Result<Vec<u8>> {
+    let s = tiktoken_spec(name).ok_or_else(|| Error::Tokenizer(format!("unknown tiktoken encoding {name:?}")))?;
+    bpe::gunzip(s.data)
+}
+
+/// Names accepted after `tiktoken:`.
+pub const TIKTOKEN_NAMES: [&str; 4] = ["r50k_base", "p50k_base", "cl100k_base", "o200k_base"];
+
+/// How a pattern splits a long whitespace run. The regexes' greedy `\s+(?!\S)` pushes one
+/// backtracking entry per character, so fancy-regex (and Python tiktoken, which panics) fails
+/// with "Max stack size exceeded" on runs of about a million characters. Inside a run of at
+/// least two whitespace characters only the whitespace alternatives can match, and their
+/// outcome is simple enough to compute directly (see `long_whitespace_piece`).
+#[derive(Clone, Copy, Debug)]
+enum WsRule {
+    /// `\s++$|\s+(?!\S)|\s` (r50k, p50k)
+    R50k,
+    /// `\s++$|\s*[\r\n]|\s+(?!\S)|\s` (cl100k)
+    Cl100k,
+    /// `\s*[\r\n]+|\s+(?!\S)|\s+` (o200k)
+    O200k,
+}
+
+/// Whitespace runs at least this many characters long are split without the regex.
+const LONG_WHITESPACE: usize = 64;
+
+/// Per-thread copies of the pattern. A compiled fancy-regex keeps its matching scratch in a
+/// pool that only its first user reaches without locking: shared by the workers, every other
+/// thread paid for a locked pool on each match (about a tenth of its time, in profiles).
+/// Rayon worker `i` < `REGEX_SLOTS` compiles its own copy on first use; other threads share.
+const REGEX_SLOTS: usize = 64;
+
+struct Tiktoken {
+    bpe: Arc<BytePairEncoder>,
+    regex: fancy_regex::Regex,
+    per_thread: Vec<OnceLock<fancy_regex::Regex>>,
+    ws: WsRule,
+    /// Bytes of each id, built on the first `decode` (builds never decode).
+    decoder: OnceLock<Vec<Vec<u8>>>,
+    specials: &'static [(&'static str, u32)],
+    vocab_size: u32,
+}
+
+fn compile_pattern(pattern: &str) -> std::result::Result<fancy_regex::Regex, fancy_regex::Error> {
+    fancy_regex::RegexBuilder::new(pattern).backtrack_limit(100_000_000).build()
+}
+
+impl Tiktoken {
+    fn regex(&self) -> &fancy_regex::Regex {
+        match rayon::current_thread_index() {
+            Some(i) if i < REGEX_SLOTS => {
+                self.per_thread[i].get_or_init(|| compile_pattern(self.regex.as_str()).unwrap_or_else(|_| self.regex.clone()))
+            }
+            _ => &self.regex,
+        }
+    }
+
+    /// The piece (its length in bytes) the pattern matches at `pos` when a whitespace run of
+    /// at least `LONG_WHITESPACE` characters starts there; `None` otherwise (use the regex).
+    /// With two or more whitespace characters ahead, every letter, number and punctuation
+    /// alternative fails (each needs a non-space at `pos` or `pos + 1`), which leaves:
+    /// the run up to its end if it reaches the end of the text (`\s++$`), else up to and
+    /// including its last `\r`/`\n` (`\s*[\r\n]`, not r50k), else all but its last character
+    /// (`\s+(?!\S)`). o200k tries the newline rule before the end-of-text one.
+    fn long_whitespace_piece(&self, text: &str, pos: usize) -> Option<usize> {
+        let rest = &text[pos..];
+        let (mut chars, mut end, mut last_char, mut last_newline) = (0usize, 0usize, 0usize, None);
+        for (i, c) in rest.char_indices() {
+            if !c.is_whitespace() {
+                break;
+            }
+            chars += 1;
+            last_char = c.len_utf8();
+            end = i + last_char;
+            if c == '\r' || c == '\n' {
+                last_newline = Some(end);
+            }
+        }
+        if chars < LONG_WHITESPACE {
+            return None;
+        }
+        let at_end = end == rest.len();
+        let all_but_last = end - last_char;
+        Some(match self.ws {
+            WsRule::R50k => {
+                if at_end {
+                    end
+                } else {
+                    all_but_last
+                }
+            }
+            WsRule::Cl100k => {
+                if at_end {
+                    end
+                } else {
+                    last_newline.unwrap_or(all_but_last)
+                }
+            }
+            WsRule::O200k => last_newline.unwrap_or(if at_end { end } else { all_but_last }),
+        })
+    }
+}
+
+impl Encoder for Tiktoken {
+    fn encode_into(&self, text: &str, out: &mut Vec<u32>) -> std::result::Result<(), String> {
+        // `find_iter`, unrolled so that long whitespace runs can bypass the regex. The
+        // patterns have no look-behind or `^`, so matching from `pos` equals `find_iter`'s.
+        let mut pos = 0;
+        while pos < text.len() {
+            let b = text.as_bytes()[pos];
+            if b >= 0x80 || (b as char).is_whitespace() {
+                if let Some(len) = self.long_whitespace_piece(text, pos) {
+                    self.bpe.encode_piece(&text.as_bytes()[pos..pos + len], out);
+                    pos += len;
+                    continue;
+                }
+            }
+            let m = match self.regex().find_from_pos(text, pos) {
+                Ok(Some(m)) => m,
+                Ok(None) => break,
+                Err(e) => return Err(format!("tokenizer regex failed: {e}")),
+            };
+            if m.end() > m.start() {
+                self.bpe.encode_piece(m.as_str().as_bytes(), out);
+                pos = m.end();
+            } else {
+                // An empty match: step over one character, as `find_iter` does.
+                pos = m.end() + text[m.end()..].chars().next().map_or(1, char::len_utf8);
+            }
+        }
+        Ok(())
+    }
+    fn decode(&self, ids: &[u32]) -> String {
+        let decoder = self.decoder.get_or_init(|| {
+            let mut decoder = vec![Vec::new(); self.vocab_size as usize];
+            for (bytes, &id) in self.bpe.ranks() {
+                decoder[id as usize] = bytes.clone();
+            }
+            for &(tok, id) in self.specials {
+                decoder[id as usize] = tok.as_bytes().to_vec();
+            }
+            decoder
+        });
+        let mut bytes = Vec::new();
+        for &id in ids {
+            if let Some(b) = decoder.get(id as usize) {
+                bytes.extend_from_slice(b);
+            }
+        }
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+}
+
+pub(super) fn load_tiktoken(spec: &str, name: &str, backend: Backend) -> Result<Tokenizer> {
+    let s = tiktoken_spec(name)
+        .ok_or_else(|| Error::Tokenizer(format!("unknown tiktoken encoding {name:?}; known: {}", TIKTOKEN_NAMES.join(", "))))?;
+    // The fast backend's class table is built beside the ranks.
+    let (raw, ranks) = std::thread::scope(|sc| {
+        if backend != Backend::Reference {
+            sc.spawn(crate::tokenize::pretok::CharClasses::shared);
+        }
+        let raw = bpe::gunzip(s.data)?;
+        let ranks = bpe::parse_tiktoken(&raw)?;
+        Ok::<_, Error>((raw, ranks))
+    })?;
+    let sha256 = crate::format::hex(&Sha256::digest(&raw));
+    let max_rank = ranks.values().copied().max().unwrap_or(0);
+    let max_special = s.specials.iter().map(|&(_, id)| id).max().unwrap_or(0);
+    let vocab_size = max_rank.max(max_special) + 1;
+    let regex = compile_pattern(s.pattern).map_err(|e| Error::Tokenizer(format!("{spec}: bad pattern: {e}")))?;
+    let per_thread = (0..REGEX_SLOTS).map(|_| OnceLock::new()).collect();
+    let eot = s.specials[0].1;
+    let bpe = Arc::new(BytePairEncoder::new(ranks)?);
+    let reference: Arc<dyn Encoder> =
+        Arc::new(Tiktoken { bpe: bpe.clone(), regex, per_thread, ws: s.ws, decoder: OnceLock::new(), specials: s.specials, vocab_size });
+    let (encoder, backend) = choose(spec, backend, (reference.clone(), "tokshuf-bpe"), || {
+        crate::tokenize::fast::FastEncoder::tiktoken(s.pattern, bpe, reference)
+    })?;
+    Ok(Tokenizer { spec: spec.to_string(), sha256, vocab_size, backend, eot_id: Some(eot), pad_id: None, bos_id: None, encoder })
+}
+
+// ---------------------------------------------------------------------------------------
+// Hugging Face tokenizer.json

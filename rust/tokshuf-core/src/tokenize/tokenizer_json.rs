@@ -1,0 +1,98 @@
+//! Hugging Face `tokenizer.json` files (a path, a folder holding one, or `hf:ORG/NAME` from the
+//! local cache): the `tokenizers` crate with `encode_special_tokens = true`, or the fast backend.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+
+use super::{choose, Backend, Encoder, Tokenizer};
+use crate::error::{Error, Result};
+
+/// The tokenizer.json a spec other than `tiktoken:...` names: a file, a folder holding
+/// one, or `hf:ORG/NAME` in the local Hugging Face cache.
+pub fn tokenizer_json_path(spec: &str) -> Result<PathBuf> {
+    if let Some(repo) = spec.strip_prefix("hf:") {
+        return hf_cache_path(repo);
+    }
+    let p = PathBuf::from(spec);
+    Ok(if p.is_dir() { p.join("tokenizer.json") } else { p })
+}
+
+const EOT_CANDIDATES: [&str; 4] = ["<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>"];
+const PAD_CANDIDATES: [&str; 5] = ["<|padding|>", "<pad>", "[PAD]", "<|pad|>", "<|finetune_right_pad_id|>"];
+const BOS_CANDIDATES: [&str; 4] = ["<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>"];
+
+struct HfTokenizer(Arc<tokenizers::Tokenizer>);
+
+impl Encoder for HfTokenizer {
+    fn encode_into(&self, text: &str, out: &mut Vec<u32>) -> std::result::Result<(), String> {
+        let enc = self.0.encode_fast(text, false).map_err(|e| format!("tokenizer failed: {e}"))?;
+        out.extend_from_slice(enc.get_ids());
+        Ok(())
+    }
+    fn decode(&self, ids: &[u32]) -> String {
+        self.0.decode(ids, false).unwrap_or_default()
+    }
+}
+
+pub(super) fn load_tokenizer_json(spec: &str, path: &Path, allow_special: bool, backend: Backend) -> Result<Tokenizer> {
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    // The fast backend's parts are built beside the reference, which takes longer.
+    let (tok, parts) = std::thread::scope(|sc| {
+        let parts = (backend != Backend::Reference).then(|| sc.spawn(|| crate::tokenize::fast::FastEncoder::tokenizer_json_parts(&bytes)));
+        let tok = tokenizers::Tokenizer::from_bytes(&bytes);
+        (tok, parts.map(|h| h.join().unwrap_or_else(|_| Err("building the fast backend panicked".into()))))
+    });
+    let mut tok = tok.map_err(|e| Error::Tokenizer(format!("{}: not a usable tokenizer.json: {e}", path.display())))?;
+    tok.set_encode_special_tokens(!allow_special);
+    let _ = tok.with_padding(None).with_truncation(None);
+    let find = |cands: &[&str]| cands.iter().find_map(|t| tok.token_to_id(t));
+    let pad_id = tok.get_padding().map(|p| p.pad_id).or_else(|| find(&PAD_CANDIDATES));
+    let (eot_id, bos_id) = (find(&EOT_CANDIDATES), find(&BOS_CANDIDATES));
+    let vocab_size = tok.get_vocab_size(true) as u32;
+    let tok = Arc::new(tok);
+    let reference: Arc<dyn Encoder> = Arc::new(HfTokenizer(tok.clone()));
+    let (encoder, backend) = choose(spec, backend, (reference.clone(), "hf-tokenizers"), || {
+        let parts = parts.unwrap_or_else(|| Err("not built".into()))?;
+        crate::tokenize::fast::FastEncoder::tokenizer_json(parts, &tok, allow_special, reference)
+    })?;
+    Ok(Tokenizer {
+        spec: spec.to_string(),
+        sha256: crate::format::hex(&Sha256::digest(&bytes)),
+        vocab_size,
+        backend,
+        eot_id,
+        pad_id,
+        bos_id,
+        encoder,
+    })
+}
+
+/// `hf:ORG/NAME` -> tokenizer.json of the snapshot `refs/main` points to in the local cache.
+fn hf_cache_path(repo: &str) -> Result<PathBuf> {
+    let hub = if let Ok(p) = std::env::var("HF_HUB_CACHE") {
+        PathBuf::from(p)
+    } else if let Ok(p) = std::env::var("HF_HOME") {
+        PathBuf::from(p).join("hub")
+    } else {
+        let home = std::env::var("HOME").unwrap_or_default();
+        PathBuf::from(home).join(".cache/huggingface/hub")
+    };
+    let dir = hub.join(format!("models--{}", repo.replace('/', "--")));
+    let snapshot = std::fs::read_to_string(dir.join("refs/main")).ok().map(|r| r.trim().to_string());
+    let mut candidates: Vec<PathBuf> = snapshot.map(|s| dir.join("snapshots").join(s)).into_iter().collect();
+    if let Ok(rd) = std::fs::read_dir(dir.join("snapshots")) {
+        let mut others: Vec<PathBuf> = rd.filter_map(|e| e.ok().map(|e| e.path())).collect();
+        others.sort();
+        candidates.extend(others);
+    }
+    candidates.into_iter().map(|d| d.join("tokenizer.json")).find(|p| p.is_file()).ok_or_else(|| {
+        Error::Tokenizer(format!(
+            "hf:{repo}: no tokenizer.json in the local Hugging Face cache ({}); tokshuf never \
+                 downloads: fetch it once with `huggingface-cli download {repo} tokenizer.json` \
+                 or pass the path of a tokenizer.json",
+            dir.display()
+        ))
+    })
+}
