@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import List, Optional
 
@@ -11,11 +12,16 @@ from .exceptions import TokshufError
 
 
 def _parse_size(text: str) -> int:
+    """A byte count: 8G, 512M, 1.5GiB, 4096."""
     units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
     t = text.strip().lower().rstrip("ib").rstrip("b") if text[-1:].lower() == "b" else text.strip().lower()
-    if t and t[-1] in units:
-        return int(float(t[:-1]) * units[t[-1]])
-    return int(t)
+    try:
+        n = int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
+    except ValueError:
+        n = 0
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size: give bytes, or a number with K, M, G or T (e.g. 8G)")
+    return n
 
 
 def _add_build(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -105,9 +111,9 @@ def _add_build(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
-    from ._build import build_cache
+    from ._build import run_build
 
-    stats = build_cache(
+    stats = run_build(
         args.input,
         args.output,
         tokenizer=args.tokenizer,
@@ -132,28 +138,49 @@ def _cmd_build(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         tokenizer_backend=args.tokenizer_backend,
     )
-    if not (args.progress and sys.stderr.isatty()):
-        print(stats.summary())
+    print(stats.summary())
     return 0
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="tokshuf", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+DESCRIPTION = """Tokenize jsonl corpora into shuffled WebDataset caches, and read them back in a
+deterministic order. Run 'tokshuf COMMAND --help' for the options of a command."""
+
+
+def make_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    parser = argparse.ArgumentParser(prog="tokshuf", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"tokshuf {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_build(sub)
     _cli_blend.add_parser(sub)
     _cli_read.add_parser(sub)
     _cli_status.add_parser(sub)
     _cli_verify.add_parser(sub)
     _cli_check.add_parser(sub)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = make_parser().parse_args(argv)
+    debug = bool(os.environ.get("TOKSHUF_DEBUG"))
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError:
+        # The reader of our output (say `| head`) has had enough: not an error. Later writes
+        # (and the interpreter's final flush) go nowhere.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     except TokshufError as e:
-        print(f"tokshuf: error: {e}", file=sys.stderr)
+        if debug:
+            raise
+        print(f"\ntokshuf: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("tokshuf: interrupted; run the same command again to resume", file=sys.stderr)
+        if debug:
+            raise
+        print("\ntokshuf: interrupted; run the same command again to resume", file=sys.stderr)
         return 130
 
 

@@ -92,34 +92,19 @@ def build_cache(
     fast backend where it is exact for this tokenizer, else the reference), ``"fast"``
     (an error where it cannot be used) or ``"reference"``; the ids are the same.
     """
-    meta = json.loads(
-        _core.build_cache(
-            inputs=expand_inputs(inputs),
-            output=os.fspath(output),
-            tokenizer=tokenizer,
-            seqlen=seqlen,
-            chunk_size=chunk_size,
-            num_local_cells=num_local_cells,
-            local_cell_dir=None if local_cell_dir is None else os.fspath(local_cell_dir),
-            seed=seed,
-            threads=threads,
-            text_key=text_key,
-            format=format,
-            tail=tail,
-            eot_id=eot_id,
-            pad_id=pad_id,
-            bos=bos,
-            bos_id=bos_id,
-            allow_special_tokens=allow_special_tokens,
-            shuffle=shuffle,
-            memory_limit=memory_limit,
-            errors=errors,
-            progress=progress,
-            overwrite=overwrite,
-            tokenizer_backend=tokenizer_backend,
-        )
-    )
-    stats = BuildStats(
+    stats = run_build(**locals())
+    if progress and sys.stderr.isatty():
+        print(stats.summary(), file=sys.stderr)
+    return stats
+
+
+def run_build(inputs: Union[PathLike, Iterable[PathLike]], output: PathLike, **options: Any) -> BuildStats:
+    """``build_cache`` without printing its summary (the CLI prints it on stdout). The core
+    checks every option."""
+    local = options.get("local_cell_dir")
+    options["local_cell_dir"] = None if local is None else os.fspath(local)
+    meta = json.loads(_core.build_cache(inputs=expand_inputs(inputs), output=os.fspath(output), **options))
+    return BuildStats(
         output=os.fspath(output),
         num_chunks=meta["num_chunks"],
         num_contexts=meta["num_contexts"],
@@ -128,6 +113,3 @@ def build_cache(
         seconds=meta["build"]["total_s"],
         metadata=meta,
     )
-    if progress and sys.stderr.isatty():
-        print(stats.summary(), file=sys.stderr)
-    return stats

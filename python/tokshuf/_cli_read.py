@@ -20,11 +20,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument("cache", nargs="?", help="cache folder (or give --blend instead)")
     add_blend_arguments(p)
-    p.add_argument("--rank", type=int, default=0)
-    p.add_argument("--world-size", type=int, default=1)
+    p.add_argument("--rank", type=int, default=0, help="this reader's rank, 0 <= RANK < WORLD_SIZE (default 0)")
+    p.add_argument("--world-size", type=int, default=1, help="number of readers sharing each global batch (default 1)")
     p.add_argument("--batch-size", type=int, required=True, help="global batch size (examples)")
     p.add_argument("--steps", type=int, default=10, help="batches to read (default 10)")
-    p.add_argument("--start-step", type=int, default=0)
+    p.add_argument("--start-step", type=int, default=0, help="first global batch to read (O(1) seek; default 0)")
     p.add_argument(
         "--ideal-readers",
         type=int,
@@ -48,7 +48,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.set_defaults(func=_cmd_read)
 
-    q = sub.add_parser("inspect", help="print a cache's metadata and decode its first contexts")
+    q = sub.add_parser(
+        "inspect",
+        help="print a cache's metadata and decode its first contexts",
+        description="Print a cache's tokshuf.json summary and its first contexts decoded back to text.",
+    )
     q.add_argument("cache", help="cache folder")
     q.add_argument("--contexts", "-n", type=int, default=2, help="contexts to decode (default 2)")
     q.add_argument("--chars", type=int, default=300, help="characters of text shown per context")
@@ -61,6 +65,9 @@ def _cmd_read(args: argparse.Namespace) -> int:
     from ._reader import Reader
     from .exceptions import ConfigError
 
+    for name in ("steps", "start_step"):
+        if getattr(args, name) < 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, not {getattr(args, name)}")
     blend = blend_from_args(args, seed=args.seed)
     if (blend is None) == (args.cache is None):
         raise ConfigError("read: give either a cache folder or --blend PATH:WEIGHT ... (exactly one of them)")

@@ -26,14 +26,19 @@ def format_status(s: Dict[str, Any]) -> str:
     planned = s["chunks_planned"]
     chunks = f"{s['chunks_written']:,} written, {s['chunks_listed']:,} in manifest"
     chunks += f" / {planned:,} planned" if planned is not None else " / plan not known yet"
-    return "\n".join(
-        [
-            f"tokshuf: {s['output']}",
-            f"  status      {s['status']} (stage: {s['stage']})",
-            f"  files       {s['files_done']:,} / {s['files_total']:,} tokenized",
-            f"  chunks      {chunks}",
-        ]
-    )
+    lines = [
+        f"tokshuf: {s['output']}",
+        f"  status      {s['status']} (stage: {s['stage']})",
+        f"  files       {s['files_done']:,} / {s['files_total']:,} tokenized",
+        f"  chunks      {chunks}",
+    ]
+    if s["status"] != "complete":
+        lines.append(
+            "  build       running"
+            if s.get("running")
+            else "  build       not running: run the same build command again to resume it"
+        )
+    return "\n".join(lines)
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -308,13 +308,13 @@ class Reader:
         """Resume from :meth:`state_dict`. The cache and the order options must be the same
         (else :class:`tokshuf.StateMismatchError`); world_size and rank may differ."""
         if not isinstance(state, dict) or state.get("tokshuf_reader") != STATE_VERSION:
-            raise StateMismatchError(f"not a tokshuf reader state (version {STATE_VERSION}): {state!r:.200}")
+            raise StateMismatchError(f"not a tokshuf reader state (version {STATE_VERSION}): {repr(state)[:200]}")
         # A state saved while following the build names the cache by its recipe.
         accepted = getattr(self._source, "_state_fingerprints", lambda: [self._source.fingerprint])()
         if state.get("cache") not in accepted:
             raise StateMismatchError(
                 "state was saved for another cache or blend (or it changed): "
-                f"{state.get('cache')!r:.20} != {self._source.fingerprint!r:.20}"
+                f"{str(state.get('cache'))[:16]!r} != {self._source.fingerprint[:16]!r}"
             )
         theirs = state.get("options", {})
         diff = [f"{k} ({theirs.get(k)!r} -> {v!r})" for k, v in self._options().items() if theirs.get(k) != v]

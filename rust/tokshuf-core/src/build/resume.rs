@@ -266,6 +266,8 @@ pub fn status(output: &Path, local_cell_dir: Option<&Path>) -> Result<Value> {
         "chunks_planned": meta.as_ref().and_then(|m| m.num_chunks),
         "contexts_planned": meta.as_ref().and_then(|m| m.num_contexts),
         "shuffle": recipe.shuffle,
+        // Whether a build holds the lock now (a dead build leaves status "building" behind).
+        "running": crate::format::lock::build_state(output) == crate::format::lock::BuildState::Running,
         "work_dir": if work.exists() { json!(work.display().to_string()) } else { Value::Null },
     }))
 }

@@ -50,6 +50,12 @@ fn unsupported(e: &std::io::Error) -> bool {
 impl BuildLock {
     /// Take the lock of the build into `output` (created if needed).
     pub fn acquire(output: &Path) -> Result<BuildLock> {
+        if output.exists() && !output.is_dir() {
+            return Err(Error::OutputExists(format!(
+                "{}: exists and is not a folder; give a new or empty folder as the output",
+                output.display()
+            )));
+        }
         std::fs::create_dir_all(output).map_err(|e| Error::io(output, e))?;
         let path = output.join(LOCK_NAME);
         let mut attempt = 0u32;

@@ -16,6 +16,12 @@ pub fn tokenizer_json_path(spec: &str) -> Result<PathBuf> {
         return hf_cache_path(repo);
     }
     let p = PathBuf::from(spec);
+    if !p.exists() {
+        return Err(Error::Tokenizer(format!(
+            "{spec}: no such tokenizer: give tiktoken:NAME (NAME one of {}), a tokenizer.json file or a folder holding one, or hf:ORG/NAME from the local Hugging Face cache",
+            super::TIKTOKEN_NAMES.join(", ")
+        )));
+    }
     Ok(if p.is_dir() { p.join("tokenizer.json") } else { p })
 }
 

@@ -1,0 +1,143 @@
+"""The command line as a user meets it: one-line errors and exit codes, never a Python traceback
+for a user's mistake, a clean exit on a closed pipe, help for every option, --version."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tokshuf
+from support.build import build
+from support.corpus import three_files
+
+
+def run(*args: str, **kw) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "TOKSHUF_DEBUG"}
+    env.update(kw.pop("env", {}))
+    return subprocess.run(
+        [sys.executable, "-m", "tokshuf", *args], capture_output=True, text=True, timeout=300, env=env, **kw
+    )
+
+
+def assert_one_line_error(r: subprocess.CompletedProcess, *fragments: str, code: int = 1) -> None:
+    assert r.returncode == code, (r.returncode, r.stderr)
+    assert "Traceback" not in r.stderr, r.stderr
+    errors = [line for line in r.stderr.splitlines() if ": error:" in line]
+    assert len(errors) == 1, r.stderr
+    for f in fragments:
+        assert f in errors[0], r.stderr
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("cli")
+    out = root / "cache"
+    build(three_files(root / "in"), out, seqlen=32, chunk_size=8)
+    return out
+
+
+def test_version():
+    r = run("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"tokshuf {tokshuf.__version__}"
+
+
+def test_top_level_help_is_plain_text():
+    r = run("--help")
+    assert r.returncode == 0
+    assert "``" not in r.stdout and ":class:" not in r.stdout
+    assert "COMMAND --help" in r.stdout
+
+
+def test_every_option_has_help():
+    import argparse
+
+    from tokshuf.__main__ import make_parser
+
+    parser = make_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert {"build", "read", "inspect", "status", "verify", "blend"} <= set(sub.choices)
+    for name, p in sub.choices.items():
+        for action in p._actions:
+            assert action.help, f"{name}: {action.option_strings or action.dest} has no help"
+
+
+@pytest.mark.parametrize("command", ["read", "inspect"])
+def test_closed_pipe_is_a_clean_exit(cache, command):
+    extra = ["--batch-size", "2", "--steps", "100000"] if command == "read" else ["-n", "1000"]
+    proc = subprocess.Popen(
+        f"{sys.executable} -m tokshuf {command} {cache} {' '.join(extra)} | head -2",
+        shell=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    out, err = proc.communicate(timeout=300)
+    assert len(out.splitlines()) == 2
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_negative_steps(cache):
+    assert_one_line_error(run("read", str(cache), "--batch-size", "2", "--steps", "-1"), "--steps", ">= 0")
+
+
+def test_memory_limit_that_is_not_a_size(tmp_path):
+    r = run("build", "-i", str(tmp_path), "-o", str(tmp_path / "o"), "--memory-limit", "lots")
+    assert_one_line_error(r, "'lots' is not a size", code=2)
+
+
+def test_output_that_is_a_file(tmp_path):
+    inputs = three_files(tmp_path / "in")
+    (tmp_path / "file").write_text("x")
+    r = run("build", "-i", str(inputs[0]), "-o", str(tmp_path / "file"))
+    assert_one_line_error(r, "is not a folder")
+    with pytest.raises(tokshuf.OutputExistsError):
+        build(inputs, tmp_path / "file")
+
+
+def test_unknown_tokenizer_lists_the_valid_specs(tmp_path):
+    inputs = three_files(tmp_path / "in")
+    r = run("build", "-i", str(inputs[0]), "-o", str(tmp_path / "o"), "--tokenizer", "gpt2")
+    assert_one_line_error(r, "gpt2: no such tokenizer", "tiktoken:NAME", "r50k_base", "hf:ORG/NAME")
+    with pytest.raises(tokshuf.TokenizerError):
+        tokshuf.Tokenizer("gpt2")
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    r = run("build", "-i", str(tmp_path / "missing.jsonl"), "-o", str(tmp_path / "o"), env={"TOKSHUF_DEBUG": "1"})
+    assert r.returncode != 0 and "Traceback" in r.stderr and "InputNotFoundError" in r.stderr
+
+
+def test_build_summary_goes_to_stdout(tmp_path):
+    inputs = three_files(tmp_path / "in")
+    r = run("build", "-i", str(tmp_path / "in"), "-o", str(tmp_path / "o"), "--seqlen", "32", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("tokshuf: ") and "documents" in r.stdout
+    assert r.stderr == ""
+    assert len(inputs) == 3
+
+
+def test_status_of_a_dead_build_says_nothing_is_running(tmp_path):
+    from support.build import run_to_pause
+
+    inputs = three_files(tmp_path / "in")
+    out = tmp_path / "o"
+    opts = dict(seqlen=32, chunk_size=8, threads=1, progress=False)
+    assert run_to_pause(inputs, out, opts, "stage1.file", tmp_path / "trace") == "stage1.file"
+    r = run("status", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "not running: run the same build command again" in r.stdout
+    assert json.loads(run("status", str(out), "--json").stdout)["running"] is False
+
+
+def test_state_mismatch_message_quotes_are_balanced(cache, tmp_path):
+    other = tmp_path / "other"
+    build(three_files(tmp_path / "in"), other, seqlen=32, chunk_size=8, seed=5)
+    state = tokshuf.Reader(tokshuf.Cache(cache), batch_size=2).state_dict()
+    with pytest.raises(tokshuf.StateMismatchError) as ei:
+        tokshuf.Reader(tokshuf.Cache(other), batch_size=2).load_state_dict(state)
+    msg = str(ei.value)
+    assert msg.count("'") % 2 == 0, msg
