@@ -1,4 +1,4 @@
-"""Weighted blends of several caches (DESIGN §7).
+"""Weighted blends of several caches (docs/format.md §7).
 
 ``Blend([(cache_or_path, weight), ...])`` fixes a periodic schedule of period ``quantum``: the
 weights become integer shares ``q_i`` summing to the quantum, and one period is drawn with the
@@ -6,7 +6,7 @@ corrected greedy rule. Blended example ``m`` is then example ``(m // D) * q_k + 
 ``k``, with ``(k, C) = schedule[m % D]``: an O(1) lookup, no per-sample index arrays, any number
 of components. ``tokshuf.Reader(blend, ...)`` reads blended example ``m`` exactly where it would
 read ``example[m]`` of a single cache, and each component orders its own examples as a single
-cache does (DESIGN §6, with the reader's R* and the blend's seed).
+cache does (docs/format.md §6, with the reader's R* and the blend's seed).
 """
 
 from __future__ import annotations
@@ -121,8 +121,7 @@ class Blend:
             opened as :class:`tokshuf.Cache` (which checks them). Weights are any positive
             numbers; they are normalised. All caches must share seqlen, tokenizer, dtype, EOT
             and padding ids.
-        seed: order seed handed to every component (how each orders its own examples, DESIGN
-            §6); a :class:`tokshuf.Reader` over the blend uses it. The schedule itself has no
+        seed: order seed handed to every component (how each orders its own examples, docs/format.md §6); a :class:`tokshuf.Reader` over the blend uses it. The schedule itself has no
             randomness.
         quantum: period D of the schedule. Each component gets ``q_i ~= D * w_i / sum(w)``
             draws per period (largest remainder); a component whose share rounds to 0 gets 1
@@ -208,7 +207,7 @@ class Blend:
     def locate(self, m: int, *, single_pass: bool = False) -> Tuple[int, int]:
         """Blended example ``m`` -> ``(component, example index in that component)``.
 
-        The index counts the component's own examples in its own order (DESIGN §6: it is the
+        The index counts the component's own examples in its own order (docs/format.md §6: it is the
         ``i`` of that component's ``example[i]``). With ``single_pass`` it wraps modulo the
         component's size, so it is always a valid manifest-order index.
         """

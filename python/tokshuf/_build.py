@@ -80,7 +80,7 @@ def build_cache(
     overwrite: bool = False,
     tokenizer_backend: str = "auto",
 ) -> BuildStats:
-    """Tokenize jsonl corpora into a shuffled WebDataset cache (see README and DESIGN.md).
+    """Tokenize jsonl corpora into a shuffled WebDataset cache (see README and docs/format.md).
 
     Running the same call again resumes an interrupted build (killed, out of disk space...) to
     the same bytes, or returns at once if the cache is complete. Other options or changed input

@@ -1,4 +1,4 @@
-"""``tokshuf.Reader``: one rank's batches of the global example order (DESIGN §6)."""
+"""``tokshuf.Reader``: one rank's batches of the global example order (docs/format.md §6)."""
 
 from __future__ import annotations
 
@@ -32,11 +32,11 @@ class Reader:
     """Deterministic batches of a cache or a :class:`tokshuf.Blend` for rank ``rank`` of
     ``world_size``.
 
-    Global batch ``b`` holds examples ``[b*B, (b+1)*B)`` of the order of DESIGN §6 (B =
+    Global batch ``b`` holds examples ``[b*B, (b+1)*B)`` of the order of docs/format.md §6 (B =
     ``batch_size``); this rank gets every ``world_size``-th of them starting at ``rank``, as an
     array of shape ``(batch_size // world_size, seqlen)``. The global batches are the same for
     every ``world_size``. Iterating never ends unless ``single_pass=True``. For a blend,
-    blended example ``m`` (DESIGN §7) takes the place of ``example[m]``: everything below,
+    blended example ``m`` (docs/format.md §7) takes the place of ``example[m]``: everything below,
     seek and state included, works the same.
 
     ``ideal_readers`` is R*, which fixes the order: keep it when the number of GPUs changes.

@@ -1,4 +1,4 @@
-"""``tokshuf.verify``: check a cache on disk against its own metadata (DESIGN §2, §3, §8).
+"""``tokshuf.verify``: check a cache on disk against its own metadata (docs/format.md §2, §3, §8).
 
 Checks, in order: tokshuf.json (complete, known format, sane values), manifest.jsonl (strict
 shard names in chunk order, counts that add up to tokshuf.json), then every shard: size, tar
