@@ -30,6 +30,7 @@ _LAZY = {
     "Blend": "._blend",
     "Cache": "._cache",
     "Reader": "._reader",
+    "document_boundaries": "._boundaries",
     "shift_targets": "._reader",
     "verify": "._verify",
     "VerifyReport": "._verify",
@@ -37,6 +38,7 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from ._blend import Blend
+    from ._boundaries import document_boundaries
     from ._cache import Cache
     from ._reader import Reader, shift_targets
     from ._verify import VerifyReport, verify
@@ -78,6 +80,7 @@ __all__ = [
     "VerifyReport",
     "__version__",
     "build_cache",
+    "document_boundaries",
     "shift_targets",
     "verify",
 ]

@@ -10,6 +10,7 @@ from typing import Any, Dict, Iterator, Optional, Tuple, Union
 import numpy as np
 
 from ._blend import Blend
+from ._boundaries import LAYOUTS, Boundaries, document_boundaries
 from ._cache import Cache, PathLike, _dtype_name
 from .exceptions import ConfigError, StateMismatchError
 
@@ -49,6 +50,11 @@ class Reader:
     ``prefetch`` batches are read ahead on ``threads`` background threads, started on the first
     batch (never at construction) and restarted after a fork.
 
+    ``boundaries`` (``"segment_ids"``, ``"position_ids"`` or ``"cu_seqlens"``) makes every
+    batch a pair ``(batch, boundaries)``: where each document starts in each context, computed
+    from the EOT ids (see :func:`tokshuf.document_boundaries`), for attention masks that keep
+    packed documents apart.
+
     ``follow=True`` reads a cache while its build runs (see :class:`tokshuf.Cache`): the
     batches are exactly those of the finished cache, each waiting until the shards (and, for a
     ``shuffle=False`` build, the manifest lines or the plan) it needs exist, at most ``timeout``
@@ -74,7 +80,11 @@ class Reader:
         dtype: Union[str, np.dtype, type] = "int32",
         follow: bool = False,
         timeout: Optional[float] = None,
+        boundaries: Optional[str] = None,
     ) -> None:
+        if boundaries is not None and boundaries not in LAYOUTS:
+            raise ConfigError(f"boundaries={boundaries!r}: expected one of {', '.join(LAYOUTS)} or None")
+        self._boundaries = boundaries
         self._batch_size = _int("batch_size", batch_size, 1)
         self._world_size = _int("world_size", world_size, 1)
         self._rank = _int("rank", rank, 0)
@@ -190,7 +200,22 @@ class Reader:
         end = self._core.end
         return end is None or first < end
 
-    def __next__(self) -> np.ndarray:
+    def boundaries_of(self, batch: np.ndarray, layout: Optional[str] = None) -> Boundaries:
+        """Document boundaries of ``batch`` (a batch of this reader) in ``layout`` (default:
+        the reader's ``boundaries``), with the cache's EOT and padding ids."""
+        layout = layout or self._boundaries or "segment_ids"
+        meta = self._source.metadata if isinstance(self._source, Cache) else None
+        eot = meta.get("eot_id") if meta is not None else self._source.eot_id
+        pad = meta.get("pad_id") if meta is not None else self._source.pad_id
+        if eot is None:
+            raise ConfigError("the cache records no eot_id: document boundaries cannot be found")
+        return document_boundaries(batch, eot_id=eot, pad_id=pad, layout=layout)
+
+    def __next__(self) -> Any:
+        batch = self._next_batch()
+        return batch if self._boundaries is None else (batch, self.boundaries_of(batch))
+
+    def _next_batch(self) -> np.ndarray:
         if not (self._pf is not None and self._core.end_pending) and not self._has_batch(self._next):
             self._close_prefetch()
             raise StopIteration

@@ -21,6 +21,8 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without torch
     raise ImportError("tokshuf.torch needs PyTorch (pip install torch)") from e
 
+import numpy as np
+
 from ._reader import Reader
 
 __all__ = ["ReaderDataset"]
@@ -58,7 +60,19 @@ class ReaderDataset(IterableDataset):  # type: ignore[type-arg,misc]
             if info is None:
                 self._seen += 1
             t = torch.from_numpy(batch)
-            yield (t[:, :-1], t[:, 1:]) if self._shift else t
+            out = (t[:, :-1], t[:, 1:]) if self._shift else t
+            if self._reader._boundaries is None:
+                yield out
+            else:
+                b = self._reader.boundaries_of(batch)
+                yield (
+                    out,
+                    (
+                        tuple(torch.from_numpy(x) if isinstance(x, np.ndarray) else x for x in b)
+                        if isinstance(b, tuple)
+                        else torch.from_numpy(b)
+                    ),
+                )
 
     def state_dict(self, batches_seen: Optional[int] = None) -> Dict[str, Any]:
         """Reader state after ``batches_seen`` batches of this dataset (default: the batches
