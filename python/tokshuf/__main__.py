@@ -103,6 +103,16 @@ def _add_build(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default="raise",
         help="bad input lines: stop with their location, or skip and count them",
     )
+    p.add_argument(
+        "--packing",
+        choices=["concat", "bestfit"],
+        default="concat",
+        help="concat: documents run together, cut every seqlen ids (default); bestfit: documents "
+        "placed whole into padded contexts (only those longer than seqlen are split)",
+    )
+    p.add_argument(
+        "--pack-window", type=int, default=None, help="documents per best-fit window (bestfit only; default 1024)"
+    )
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     p.add_argument(
         "--overwrite", action="store_true", help="discard an existing build in the output folder and start over"
@@ -137,6 +147,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
         progress=args.progress,
         overwrite=args.overwrite,
         tokenizer_backend=args.tokenizer_backend,
+        packing=args.packing,
+        pack_window=args.pack_window,
     )
     print(stats.summary())
     return 0

@@ -43,6 +43,12 @@ class BuildStats:
             f"  time        {self.seconds:.2f} s on {build.get('threads')} threads, "
             f"{self.mb_per_s:.1f} MB/s of text, {self.num_tokens / max(self.seconds, 1e-9) / 1e6:.2f} Mtok/s",
         ]
+        pack = m.get("packing_stats")
+        if pack:
+            lines.append(
+                f"  packing     {pack['mode']}: {pack['padding_fraction']:.2%} padding, {pack['documents_split']:,} "
+                f"documents split (concat would split {pack['concat_documents_split']:,})"
+            )
         for stage, secs in build.get("durations", {}).items():
             lines.append(f"    {stage:<12}{secs:.2f}")
         if build.get("peak_rss_bytes"):
@@ -79,6 +85,8 @@ def build_cache(
     progress: bool = True,
     overwrite: bool = False,
     tokenizer_backend: str = "auto",
+    packing: str = "concat",
+    pack_window: Optional[int] = None,
 ) -> BuildStats:
     """Tokenize jsonl corpora into a shuffled WebDataset cache (see README and docs/format.md).
 
@@ -91,6 +99,10 @@ def build_cache(
     manifest.jsonl) while the input files are still being tokenized. ``tokenizer_backend``: ``"auto"`` (the
     fast backend where it is exact for this tokenizer, else the reference), ``"fast"``
     (an error where it cannot be used) or ``"reference"``; the ids are the same.
+    ``packing``: ``"concat"`` (documents run together, cut every ``seqlen`` ids) or
+    ``"bestfit"`` (documents placed whole into padded contexts by best-fit decreasing over
+    windows of ``pack_window`` documents, default 1024; only documents longer than ``seqlen``
+    are split; ``tail`` does not apply).
     """
     stats = run_build(**locals())
     if progress and sys.stderr.isatty():

@@ -83,6 +83,10 @@ pub fn build_options(d: Option<&Bound<'_, PyDict>>) -> PyResult<BuildOptions> {
     if let Some(v) = choice(d, "errors")? {
         o.errors = v;
     }
+    if let Some(v) = choice(d, "packing")? {
+        o.packing = v;
+    }
+    o.pack_window = get(d, "pack_window", uint)?;
     for key in d.keys() {
         let key: String = key.extract()?;
         if !KNOWN.contains(&key.as_str()) {
@@ -92,7 +96,7 @@ pub fn build_options(d: Option<&Bound<'_, PyDict>>) -> PyResult<BuildOptions> {
     Ok(o)
 }
 
-const KNOWN: [&str; 23] = [
+const KNOWN: [&str; 25] = [
     "inputs",
     "output",
     "tokenizer",
@@ -116,4 +120,6 @@ const KNOWN: [&str; 23] = [
     "progress",
     "overwrite",
     "tokenizer_backend",
+    "packing",
+    "pack_window",
 ];

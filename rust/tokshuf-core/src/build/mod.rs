@@ -15,6 +15,7 @@ pub mod cells;
 pub mod input;
 mod manifest;
 mod options;
+pub mod pack;
 pub mod plan;
 pub mod progress;
 pub mod resume;

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use crate::error::{Error, Result};
-use crate::format::{ErrorPolicy, Format, Tail};
+use crate::format::{ErrorPolicy, Format, Packing, Tail};
 use crate::tokenize::Backend;
 
 /// Everything a caller chooses. Only `threads`, `memory_limit`, `local_cell_dir` and
@@ -36,7 +36,13 @@ pub struct BuildOptions {
     pub errors: ErrorPolicy,
     pub progress: bool,
     pub overwrite: bool,
+    pub packing: Packing,
+    /// Documents per best-fit window (None: `DEFAULT_PACK_WINDOW`).
+    pub pack_window: Option<u64>,
 }
+
+/// Documents per best-fit window unless given: bounds the memory of packing one file.
+pub const DEFAULT_PACK_WINDOW: u64 = 1024;
 
 impl BuildOptions {
     /// The options of a build of `inputs` into `output` with every other option at its default.
@@ -65,6 +71,8 @@ impl BuildOptions {
             errors: ErrorPolicy::Raise,
             progress: true,
             overwrite: false,
+            packing: Packing::Concat,
+            pack_window: None,
         }
     }
 
@@ -83,6 +91,11 @@ impl BuildOptions {
         }
         if self.memory_limit == Some(0) {
             return Err(Error::Config("memory_limit must be positive, not 0".into()));
+        }
+        match (self.packing, self.pack_window) {
+            (Packing::Concat, Some(_)) => return Err(Error::Config("pack_window is an option of packing=\"bestfit\"".into())),
+            (_, Some(0)) => return Err(Error::Config("pack_window must be positive, not 0".into())),
+            _ => {}
         }
         if self.inputs.is_empty() {
             return Err(Error::Config("no input files".into()));

@@ -11,7 +11,7 @@ use super::cells::{self, DEFAULT_CELL_CONTEXTS, FILE_BITS, POS_BITS};
 use super::stream::{self, Placed};
 use super::BuildOptions;
 use crate::error::{Error, Result};
-use crate::format::{self, Dtype, FileSummary, InputFile, Recipe, Tail, TokenizerInfo, Totals};
+use crate::format::{self, Dtype, FileSummary, InputFile, PackingFigures, Recipe, Tail, TokenizerInfo, Totals};
 use crate::tokenize::Tokenizer;
 
 /// The recipe of a build: options checked against the tokenizer, inputs listed and sized.
@@ -73,6 +73,8 @@ pub fn recipe(opts: &BuildOptions, tok: &Tokenizer) -> Result<Recipe> {
         shuffle: opts.shuffle,
         errors: opts.errors,
         dtype: if tok.vocab_size <= 1 << 16 { Dtype::Uint16 } else { Dtype::Uint32 },
+        packing: opts.packing,
+        pack_window: (!opts.packing.is_concat()).then(|| opts.pack_window.unwrap_or(super::options::DEFAULT_PACK_WINDOW)),
     })
 }
 
@@ -217,5 +219,15 @@ pub fn totals(summaries: &[FileSummary], recipe: &Recipe, cells: Option<u64>) ->
         bytes_in: recipe.inputs.iter().map(|f| f.bytes).sum(),
         skipped,
         skipped_examples: examples,
+        packing_stats: (!recipe.packing.is_concat()).then(|| {
+            let contexts: u64 = summaries.iter().map(|s| s.num_contexts).sum();
+            let padding: u64 = summaries.iter().flat_map(|s| s.padded.iter().map(|p| p.1 as u64)).sum();
+            PackingFigures {
+                mode: recipe.packing,
+                padding_fraction: if contexts == 0 { 0.0 } else { padding as f64 / (contexts * recipe.seqlen as u64) as f64 },
+                documents_split: real.iter().map(|s| s.documents_split).sum(),
+                concat_documents_split: real.iter().map(|s| s.concat_documents_split).sum(),
+            }
+        }),
     }
 }

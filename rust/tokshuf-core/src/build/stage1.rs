@@ -35,6 +35,8 @@ pub struct Stage1Config {
     pub dtype: Dtype,
     pub tail: Tail,
     pub errors: ErrorPolicy,
+    /// Best-fit packing over windows of this many documents (None: concat).
+    pub pack_window: Option<usize>,
 }
 
 pub fn spill_path(work: &Path, file: usize) -> PathBuf {
@@ -55,6 +57,8 @@ enum Job {
 #[derive(Default)]
 struct Tokenized {
     ids: Vec<u32>,
+    /// Ids of each document in `ids` (with its BOS and EOT), in order.
+    doc_lens: Vec<u32>,
     documents: u64,
     empty: u64,
     blank: u64,
@@ -317,6 +321,7 @@ fn tokenize_batch(cfg: &Stage1Config, path: &Path, first_line: u64, buf: &[u8], 
                 match cfg.encoder.encode_into(&text, &mut t.ids) {
                     Ok(()) => {
                         t.ids.push(cfg.eot_id);
+                        t.doc_lens.push((t.ids.len() - mark) as u32);
                         t.documents += 1;
                         t.text_bytes += text.len() as u64;
                     }
@@ -356,6 +361,10 @@ struct FileWriter {
     bytes: Vec<u8>,
     summary: FileSummary,
     notified: u64,
+    /// Best-fit packing: the documents of the current window, and where the file's id stream
+    /// would be under concat (to count the documents concat would split).
+    window: Vec<Vec<u32>>,
+    concat_pos: u64,
 }
 
 impl FileWriter {
@@ -372,6 +381,8 @@ impl FileWriter {
             bytes: Vec::new(),
             summary: FileSummary::default(),
             notified: 0,
+            window: Vec::new(),
+            concat_pos: 0,
         })
     }
 
@@ -393,6 +404,23 @@ impl FileWriter {
         s.blank_lines += t.blank;
         s.text_bytes += t.text_bytes;
         s.num_tokens += t.ids.len() as u64;
+        if let Some(window) = cfg.pack_window {
+            let mut at = 0;
+            for &n in &t.doc_lens {
+                let n = n as usize;
+                let seqlen = cfg.seqlen as u64;
+                let (first, last) = (self.concat_pos / seqlen, (self.concat_pos + n as u64 - 1) / seqlen);
+                self.summary.concat_documents_split += (first != last) as u64;
+                self.summary.documents_split += (n > cfg.seqlen) as u64;
+                self.concat_pos += n as u64;
+                self.window.push(t.ids[at..at + n].to_vec());
+                at += n;
+                if self.window.len() >= window {
+                    self.pack_window(cfg)?;
+                }
+            }
+            return Ok(());
+        }
         let mut ids = &t.ids[..];
         while !ids.is_empty() {
             let take = (cfg.seqlen - self.cur.len()).min(ids.len());
@@ -412,6 +440,26 @@ impl FileWriter {
         Ok(())
     }
 
+    /// Place the window's documents by best fit (`pack`) and write the contexts, padded.
+    fn pack_window(&mut self, cfg: &Stage1Config) -> Result<()> {
+        let docs = std::mem::take(&mut self.window);
+        let lens: Vec<usize> = docs.iter().map(Vec::len).collect();
+        let mut ctx = Vec::with_capacity(cfg.seqlen);
+        for pieces in super::pack::bestfit(&lens, cfg.seqlen) {
+            ctx.clear();
+            for p in pieces {
+                ctx.extend_from_slice(&docs[p.doc][p.start..p.end]);
+            }
+            let pad = cfg.seqlen - ctx.len();
+            if pad > 0 {
+                self.summary.padded.push((self.summary.num_contexts, pad as u32));
+                ctx.resize(cfg.seqlen, cfg.pad_id);
+            }
+            self.write_context(cfg, &ctx)?;
+        }
+        Ok(())
+    }
+
     fn write_context(&mut self, cfg: &Stage1Config, ids: &[u32]) -> Result<()> {
         encode_ids(cfg.dtype, ids, &mut self.bytes);
         crate::testhook::charge(self.bytes.len()).and_then(|_| self.out.write_all(&self.bytes)).map_err(|e| Error::io(&self.tmp, e))?;
@@ -420,6 +468,9 @@ impl FileWriter {
     }
 
     fn finish(mut self, cfg: &Stage1Config, tail_policy: Tail, work: &Path, file: usize) -> Result<(FileSummary, u64)> {
+        if cfg.pack_window.is_some() {
+            self.pack_window(cfg)?; // best fit has no tail: the last window is packed like any
+        }
         let tail = std::mem::take(&mut self.cur);
         match tail_policy {
             Tail::Stitch => self.summary.tail = tail,
@@ -502,6 +553,7 @@ mod tests {
             dtype: Dtype::Uint16,
             tail: Tail::Stitch,
             errors,
+            pack_window: None,
         }
     }
 

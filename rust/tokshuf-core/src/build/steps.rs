@@ -76,6 +76,7 @@ pub fn stage1_config(recipe: &Recipe, tok: &Tokenizer) -> Arc<Stage1Config> {
         dtype: recipe.dtype,
         tail: recipe.tail,
         errors: recipe.errors,
+        pack_window: recipe.pack_window.map(|w| w as usize),
     })
 }
 

@@ -17,6 +17,23 @@ pub enum Tail {
     Drop,
 }
 
+/// How documents become contexts (DESIGN §9).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Packing {
+    /// Documents run together and are cut every `seqlen` ids.
+    #[default]
+    Concat,
+    /// Best-fit decreasing over a window of documents: no document that fits is split.
+    Bestfit,
+}
+
+impl Packing {
+    pub fn is_concat(&self) -> bool {
+        *self == Packing::Concat
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Format {
     #[serde(rename = "npy")]
@@ -82,6 +99,12 @@ pub struct Recipe {
     pub shuffle: bool,
     pub errors: ErrorPolicy,
     pub dtype: Dtype,
+    /// Absent (concat) in caches made before packing modes existed, so their recipes match.
+    #[serde(default, skip_serializing_if = "Packing::is_concat")]
+    pub packing: Packing,
+    /// Documents per best-fit window (bestfit only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pack_window: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -134,6 +157,11 @@ pub struct FileSummary {
     pub tail: Vec<u32>,
     pub skipped: BTreeMap<String, u64>,
     pub skipped_examples: BTreeMap<String, Vec<String>>,
+    /// Documents cut across contexts, and how many concat would have cut (bestfit only).
+    #[serde(default)]
+    pub documents_split: u64,
+    #[serde(default)]
+    pub concat_documents_split: u64,
 }
 
 /// How far a build is. It only ever moves forward: building (shuffled) or streaming
@@ -177,6 +205,21 @@ pub struct Totals {
     pub bytes_in: u64,
     pub skipped: BTreeMap<String, u64>,
     pub skipped_examples: BTreeMap<String, Vec<String>>,
+    /// What packing did (bestfit caches only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub packing_stats: Option<PackingFigures>,
+}
+
+/// How well best-fit packing did, and what concat would have done with the same documents.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PackingFigures {
+    pub mode: Packing,
+    /// Padding ids over all ids stored.
+    pub padding_fraction: f64,
+    /// Documents cut into more than one context (only those longer than seqlen).
+    pub documents_split: u64,
+    /// Documents concat would have cut across contexts.
+    pub concat_documents_split: u64,
 }
 
 /// tokshuf.json. The builder writes every field; a reader needs only the layout and the plan,
@@ -218,6 +261,9 @@ pub struct Metadata {
     pub errors: Option<ErrorPolicy>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inputs: Option<Vec<InputFile>>,
+    /// How documents became contexts (absent: concat).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub packing: Option<Packing>,
     /// The chunk plan (from status "writing" on).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub num_chunks: Option<u64>,
@@ -268,6 +314,7 @@ impl Metadata {
             text_key: Some(recipe.text_key.clone()),
             errors: Some(recipe.errors),
             inputs: Some(recipe.inputs.clone()),
+            packing: (!recipe.packing.is_concat()).then_some(recipe.packing),
             num_chunks: None,
             num_contexts: None,
             chunk_sizes: None,
@@ -331,5 +378,12 @@ impl std::str::FromStr for ErrorPolicy {
     type Err = crate::error::Error;
     fn from_str(s: &str) -> crate::error::Result<Self> {
         choose("errors", s, &[("raise", ErrorPolicy::Raise), ("skip", ErrorPolicy::Skip)])
+    }
+}
+
+impl std::str::FromStr for Packing {
+    type Err = crate::error::Error;
+    fn from_str(s: &str) -> crate::error::Result<Self> {
+        choose("packing", s, &[("concat", Packing::Concat), ("bestfit", Packing::Bestfit)])
     }
 }
