@@ -141,3 +141,10 @@ def test_state_mismatch_message_quotes_are_balanced(cache, tmp_path):
         tokshuf.Reader(tokshuf.Cache(other), batch_size=2).load_state_dict(state)
     msg = str(ei.value)
     assert msg.count("'") % 2 == 0, msg
+
+
+def test_seqlen_of_one_is_refused(tmp_path):
+    inputs = three_files(tmp_path / "in")
+    r = run("build", "-i", str(inputs[0]), "-o", str(tmp_path / "o"), "--seqlen", "1")
+    assert_one_line_error(r, "seqlen must be at least 2")
+    assert not (tmp_path / "o").exists()

@@ -95,7 +95,7 @@ DOC = st.lists(WORDS, max_size=12).map("".join)
 
 @given(
     files=st.lists(st.lists(DOC, max_size=8), min_size=1, max_size=4),
-    seqlen=st.integers(1, 6),
+    seqlen=st.integers(2, 6),
     chunk_size=st.integers(1, 5),
     cells=st.sampled_from([None, 1, 2, 3, 7]),
     seed=st.integers(0, 2**64 - 1),

@@ -78,10 +78,12 @@ impl BuildOptions {
 
     /// Checks that need no tokenizer and no file (those are made when the recipe is).
     pub fn validate(&self) -> Result<()> {
-        for (name, v) in [("seqlen", self.seqlen), ("chunk_size", self.chunk_size)] {
-            if v < 1 {
-                return Err(Error::Config(format!("{name} must be a positive integer, not {v}")));
-            }
+        if self.seqlen < 2 {
+            // A context of one id has no next-token target: almost surely a typo.
+            return Err(Error::Config(format!("seqlen must be at least 2 (inputs and next-token targets), not {}", self.seqlen)));
+        }
+        if self.chunk_size < 1 {
+            return Err(Error::Config(format!("chunk_size must be a positive integer, not {}", self.chunk_size)));
         }
         if self.num_local_cells == Some(0) {
             return Err(Error::Config("num_local_cells must be positive, not 0".into()));
