@@ -162,7 +162,7 @@ pub fn build(opts: &BuildOptions, cancel: Arc<AtomicBool>) -> Result<Metadata> {
 fn build_shuffled(run: &mut Run<'_>, manifest: &mut Manifest) -> Result<(ChunkPlan, Totals)> {
     let t = Instant::now();
     let nfiles = run.nfiles();
-    let done = (0..nfiles).filter(|&f| steps::summary(&run.job, f).ok().flatten().is_some()).count();
+    let done = (0..nfiles).filter(|&f| stage1::summary_path(&run.job.work, f).exists()).count();
     run.progress.stage("tokenize", nfiles as u64);
     run.progress.advance(done as u64, 0, 0);
     let files: Vec<usize> = (0..nfiles).collect();
