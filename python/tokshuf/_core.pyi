@@ -162,3 +162,18 @@ def _fast_pretokenize(pattern: str, engine_name: str, text: str) -> Optional[Lis
 def _fast_char_classes() -> List[Tuple[str, List[int]]]: ...
 def _tiktoken_data(name: str) -> bytes: ...
 def _tokenizer_json_path(spec: str) -> str: ...
+
+# Test-facing access to the storage layer (object stores and local paths); not public API.
+def _storage_list(pattern: str) -> List[Tuple[str, int]]:
+    """(URL or path, size) of every object under a prefix or matching a glob, sorted by key."""
+def _storage_read(url: str, decompress: bool = False) -> bytes:
+    """The whole object through the retrying streaming reader; ``decompress`` decodes
+    ``.gz`` (every member) and ``.zst``/``.zstd`` (every frame)."""
+def _storage_get_range(url: str, start: int, end: int) -> bytes:
+    """Bytes ``start..end`` of an object."""
+def _storage_put(path: str, url: str) -> None:
+    """Upload a local file as one whole object (multipart above one part, completed or aborted)."""
+def _storage_head(url: str) -> int:
+    """Size of an object; ``InputNotFoundError`` when there is none."""
+def _storage_delete(url: str) -> None:
+    """Delete an object; one already gone is fine."""
