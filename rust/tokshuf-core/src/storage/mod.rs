@@ -13,6 +13,7 @@
 pub mod client;
 pub mod location;
 pub mod read;
+pub mod shard_cache;
 mod upload;
 
 use std::fs::File;
