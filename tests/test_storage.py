@@ -6,12 +6,17 @@ URL and hold no secret."""
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import random
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
+import tokshuf
 from s3server import S3, TEST_ENV, every_get, moto_server_fixture, parts_only, s3_fixture, uploads  # noqa: F401
 from tokshuf import ConfigError, InputNotFoundError, RemoteError, TokshufIOError, _core
 
@@ -298,3 +303,40 @@ def test_local_paths_through_the_same_api(tmp_path: Path) -> None:
     assert _core._storage_get_range(str(dest), 1, 2) == b"b"
     with pytest.raises(ConfigError, match="unsupported URL scheme"):
         _core._storage_read("http://example.invalid/x")
+
+
+# -- publishing a cache -----------------------------------------------------------------------
+
+
+def test_publish_resumes_after_sigkill_mid_upload(s3: S3, tmp_path: Path, small_corpus: list) -> None:
+    local = tmp_path / "cache"
+    tokshuf.build_cache(small_corpus, local, seqlen=64, chunk_size=16, progress=False)
+    shards = sorted(p.name for p in local.glob("shard_*.tar"))
+    assert len(shards) >= 4
+    url = s3.url("caches/one")
+    # Shard 2's upload never gets an answer: the publisher is killed while waiting for it.
+    stuck = f"caches/one/{shards[2]}"
+    s3.proxy.stall_s = 60
+    proxy = s3.faults(every=True, kinds=("hang",), match=lambda m, t: m == "PUT" and stuck in t)
+    env = {**os.environ, "TOKSHUF_REMOTE_TIMEOUT": "60"}
+    code = "import sys; from tokshuf import _core; _core._storage_publish(sys.argv[1], sys.argv[2])"
+    child = subprocess.Popen([sys.executable, "-c", code, str(local), url], env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not proxy.faults["hang"] and time.monotonic() < deadline and child.poll() is None:
+            time.sleep(0.05)
+        assert proxy.faults["hang"], "the publisher never reached shard 2"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    s3.no_faults()
+    seen = s3.keys("caches/one/")
+    assert f"caches/one/{shards[2]}" not in seen and "caches/one/manifest.jsonl" not in seen
+    assert json.loads(s3.get("caches/one/tokshuf.json"))["status"] == "building"
+    uploaded, skipped = _core._storage_publish(str(local), url)
+    assert skipped == shards[:2]
+    assert uploaded == shards[2:]
+    for f in [*shards, "manifest.jsonl", "tokshuf.json"]:
+        assert s3.get(f"caches/one/{f}") == (local / f).read_bytes(), f
+    # Published and complete: running it again uploads nothing.
+    assert _core._storage_publish(str(local), url) == ([], shards)

@@ -177,3 +177,6 @@ def _storage_head(url: str) -> int:
     """Size of an object; ``InputNotFoundError`` when there is none."""
 def _storage_delete(url: str) -> None:
     """Delete an object; one already gone is fine."""
+def _storage_publish(local: str, url: str, overwrite: bool = False) -> Tuple[List[str], List[str]]:
+    """Upload a complete local cache: shards, manifest, then tokshuf.json last; skips shards
+    already there with the right size. Returns (uploaded, skipped) shard file names."""

@@ -66,11 +66,22 @@ fn _storage_delete(py: Python<'_>, url: String) -> PyResult<()> {
     py.detach(|| storage::delete(&Location::parse(&url)?)).map_err(|e| to_pyerr(py, e))
 }
 
+/// Upload the complete local cache `local` to `url` (shards, then manifest, then tokshuf.json
+/// last); returns (uploaded, skipped) shard names.
+#[pyfunction]
+#[pyo3(signature = (local, url, overwrite=false))]
+fn _storage_publish(py: Python<'_>, local: PathBuf, url: String, overwrite: bool) -> PyResult<(Vec<String>, Vec<String>)> {
+    py.detach(|| storage::publish::publish(&local, &Location::parse(&url)?, overwrite))
+        .map(|p| (p.uploaded, p.skipped))
+        .map_err(|e| to_pyerr(py, e))
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_storage_list, m)?)?;
     m.add_function(wrap_pyfunction!(_storage_read, m)?)?;
     m.add_function(wrap_pyfunction!(_storage_get_range, m)?)?;
     m.add_function(wrap_pyfunction!(_storage_put, m)?)?;
     m.add_function(wrap_pyfunction!(_storage_head, m)?)?;
-    m.add_function(wrap_pyfunction!(_storage_delete, m)?)
+    m.add_function(wrap_pyfunction!(_storage_delete, m)?)?;
+    m.add_function(wrap_pyfunction!(_storage_publish, m)?)
 }

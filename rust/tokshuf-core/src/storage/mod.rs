@@ -12,6 +12,7 @@
 
 pub mod client;
 pub mod location;
+pub mod publish;
 pub mod read;
 pub mod shard_cache;
 mod upload;
@@ -321,6 +322,9 @@ pub fn unwrap_io(loc: &Location, e: std::io::Error) -> Error {
 pub fn put_file(local: &Path, dest: &Location) -> Result<()> {
     match dest {
         Location::Local(p) => {
+            if let Some(parent) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+            }
             let tmp = tmp_name(p);
             std::fs::copy(local, &tmp).map_err(|e| Error::io(&tmp, e))?;
             File::open(&tmp).and_then(|f| f.sync_all()).map_err(|e| Error::io(&tmp, e))?;
