@@ -104,7 +104,8 @@ pub fn runtime() -> Result<&'static tokio::runtime::Runtime> {
 /// Environment variables that configure the stores, with their values: part of the client key,
 /// so a changed endpoint or credential gets a fresh client.
 fn env_fingerprint() -> [u8; 32] {
-    let mut vars: Vec<(String, String)> = std::env::vars()
+    let mut vars: Vec<(String, String)> = std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
         .filter(|(k, _)| ["AWS_", "GOOGLE_", "AZURE_", "TOKSHUF_REMOTE_"].iter().any(|p| k.starts_with(p)))
         .collect();
     vars.sort();

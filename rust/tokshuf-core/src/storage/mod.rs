@@ -103,7 +103,7 @@ where
 /// body can echo an access key id; a signing failure must not print a secret).
 pub fn redact(msg: &str) -> String {
     let mut out = msg.to_string();
-    for (k, v) in std::env::vars() {
+    for (k, v) in std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))) {
         let credential = ["AWS_", "GOOGLE_", "AZURE_", "GCS_"].iter().any(|p| k.starts_with(p))
             && ["KEY", "SECRET", "TOKEN", "PASSWORD", "CREDENTIAL", "SAS", "SIGNATURE"].iter().any(|w| k.contains(w));
         if credential && v.len() >= 4 && out.contains(&v) {

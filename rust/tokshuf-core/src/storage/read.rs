@@ -68,9 +68,9 @@ impl RemoteReader {
             let path = self.path.clone();
             match rt.block_on(async move { store.get_opts(&path, opts).await }) {
                 Ok(got) => {
-                    if self.end == u64::MAX {
-                        self.end = got.meta.size;
-                    }
+                    // An object shorter than the range asked for: the store sends what there
+                    // is, and the caller sees a short read rather than a retried truncation.
+                    self.end = self.end.min(got.meta.size).min(got.range.end);
                     if self.etag.is_none() {
                         self.etag = got.meta.e_tag.clone();
                     }
