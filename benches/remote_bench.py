@@ -1,6 +1,6 @@
 """Object-store throughput against a local S3 server (moto, on 127.0.0.1) next to local files.
 
-    python benches/remote_bench.py [--inputs GLOB | --synthetic-mb N] [--work DIR] [--seqlen N] [--chunk-size N]
+    python -m benches.remote_bench [--inputs GLOB | --synthetic-mb N] [--work DIR] [--seqlen N] [--chunk-size N]
 
 One run, same data both ways, ratios printed:
 - streaming read of the input files (raw and decompressed) from S3 vs the local files;

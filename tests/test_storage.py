@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 import tokshuf
-from s3server import S3, TEST_ENV, every_get, moto_server_fixture, parts_only, s3_fixture, uploads  # noqa: F401
+from support import faultproxy
+from support.s3 import S3, TEST_ENV, every_get, parts_only, uploads
 from tokshuf import ConfigError, InputNotFoundError, RemoteError, TokshufIOError, _core
 
 
@@ -158,8 +159,6 @@ def test_errors_never_print_credentials(s3: S3, monkeypatch: pytest.MonkeyPatch)
     url = s3.put("blob.bin", b"abc")
     # A store whose error body echoes the access key id (real S3 does, for a bad key).
     s3.faults(every=True, kinds=("slowdown",), match=every_get)
-    import faultproxy
-
     monkeypatch.setattr(
         faultproxy,
         "SLOWDOWN_BODY",

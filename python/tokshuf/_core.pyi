@@ -76,9 +76,7 @@ class BlendSchedule:
     def max_lead(self) -> float: ...
     def period(self) -> Tuple[np.ndarray, np.ndarray]: ...
     def locate(self, m: int, sizes: Optional[List[int]] = None) -> Tuple[int, int]: ...
-    def locate_many(
-        self, ms: np.ndarray, sizes: Optional[np.ndarray] = None
-    ) -> Tuple[np.ndarray, np.ndarray]: ...
+    def locate_many(self, ms: np.ndarray, sizes: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray]: ...
     def position(self, k: int, e: int) -> int: ...
     def counts(self, m: int) -> List[int]: ...
     def cover_length(self, sizes: List[int]) -> int: ...
@@ -166,17 +164,23 @@ def _tokenizer_json_path(spec: str) -> str: ...
 # Test-facing access to the storage layer (object stores and local paths); not public API.
 def _storage_list(pattern: str) -> List[Tuple[str, int]]:
     """(URL or path, size) of every object under a prefix or matching a glob, sorted by key."""
+
 def _storage_read(url: str, decompress: bool = False) -> bytes:
     """The whole object through the retrying streaming reader; ``decompress`` decodes
     ``.gz`` (every member) and ``.zst``/``.zstd`` (every frame)."""
+
 def _storage_get_range(url: str, start: int, end: int) -> bytes:
     """Bytes ``start..end`` of an object."""
+
 def _storage_put(path: str, url: str) -> None:
     """Upload a local file as one whole object (multipart above one part, completed or aborted)."""
+
 def _storage_head(url: str) -> int:
     """Size of an object; ``InputNotFoundError`` when there is none."""
+
 def _storage_delete(url: str) -> None:
     """Delete an object; one already gone is fine."""
+
 def _storage_publish(local: str, url: str, overwrite: bool = False) -> Tuple[List[str], List[str]]:
     """Upload a complete local cache: shards, manifest, then tokshuf.json last; skips shards
     already there with the right size. Returns (uploaded, skipped) shard file names."""

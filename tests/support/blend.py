@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
-from reader_helpers import reference_examples, write_cache
+from .reader import reference_examples, write_cache
 
 TOK = {"spec": "tiktoken:r50k_base", "sha256": "ab" * 32, "vocab_size": 50257, "backend": "tiktoken"}
 
@@ -19,7 +19,7 @@ def ref_quantise(weights: Sequence[float], quantum: int) -> Tuple[List[int], Lis
     for w in weights:  # left to right, like the core (Python's sum() may compensate)
         total += w
     xs = [(w / total) * quantum for w in weights]
-    q = [min(int(math.floor(x)), quantum) for x in xs]
+    q = [min(math.floor(x), quantum) for x in xs]
     rem = [x - math.floor(x) for x in xs]
     while sum(q) > quantum:
         q[max(range(len(q)), key=lambda i: (q[i], -i))] -= 1

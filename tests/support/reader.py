@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
-from hashref import DOMAIN_CHUNK_PERM, DOMAIN_CONTEXT_PERM, Permutation, combine, mix64  # noqa: F401
+
+from .hashref import DOMAIN_CHUNK_PERM, DOMAIN_CONTEXT_PERM, Permutation, combine, mix64  # noqa: F401
 
 
 # ---- the order, straight from its definition -----------------------------------------------

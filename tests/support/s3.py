@@ -1,18 +1,17 @@
-"""A real S3-protocol server on loopback for the object-store tests: moto's standalone server,
-started once per test session on 127.0.0.1 and stopped after; each test gets its own bucket and
-the AWS environment pointing at the server (or at a fault-injecting proxy in front of it).
-
-Import the fixtures into a test module: ``from s3server import moto_server_fixture, s3_fixture  # noqa: F401``.
-"""
+"""A real S3-protocol server on loopback for the object-store tests: moto's standalone server on
+127.0.0.1, a bucket per test with the AWS environment pointing at a fault-injecting proxy in front
+of the server (fixtures ``moto_server`` and ``s3`` in conftest.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from dataclasses import dataclass
 from typing import Any, Iterator, List, Tuple
 
 import pytest
-from faultproxy import FaultProxy
+
+from .faultproxy import FaultProxy
 
 _buckets = itertools.count()
 
@@ -29,9 +28,9 @@ TEST_ENV = {
 }
 
 
-@pytest.fixture(scope="session", name="moto_server")
-def moto_server_fixture() -> Iterator[Tuple[str, int]]:
-    pytest.importorskip("moto.server", reason="needs moto[server] (the test extra)")
+@contextlib.contextmanager
+def moto_server() -> Iterator[Tuple[str, int]]:
+    """moto's standalone S3 server on 127.0.0.1 (a free port): yields (host, port)."""
     from moto.server import ThreadedMotoServer
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
@@ -93,10 +92,12 @@ class S3:
         self.proxy.configure()
 
 
-@pytest.fixture(name="s3")
-def s3_fixture(moto_server: Tuple[str, int], monkeypatch: pytest.MonkeyPatch) -> Iterator[S3]:
-    boto3 = pytest.importorskip("boto3")
-    host, port = moto_server
+@contextlib.contextmanager
+def bucket(server: Tuple[str, int], monkeypatch: pytest.MonkeyPatch) -> Iterator[S3]:
+    """A fresh bucket on ``server``, the test's AWS environment, and the proxy in front."""
+    import boto3
+
+    host, port = server
     direct = f"http://{host}:{port}"
     for k, v in TEST_ENV.items():
         monkeypatch.setenv(k, v)
@@ -109,11 +110,11 @@ def s3_fixture(moto_server: Tuple[str, int], monkeypatch: pytest.MonkeyPatch) ->
         aws_access_key_id=TEST_ENV["AWS_ACCESS_KEY_ID"],
         aws_secret_access_key=TEST_ENV["AWS_SECRET_ACCESS_KEY"],
     )
-    bucket = f"tokshuf-test-{next(_buckets)}"
-    client.create_bucket(Bucket=bucket)
+    name = f"tokshuf-test-{next(_buckets)}"
+    client.create_bucket(Bucket=name)
     with FaultProxy((host, port)) as proxy:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
-        yield S3(bucket=bucket, client=client, proxy=proxy, direct=direct)
+        yield S3(bucket=name, client=client, proxy=proxy, direct=direct)
 
 
 def every_get(method: str, target: str) -> bool:

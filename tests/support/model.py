@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import List, Sequence
 
-from hashref import (  # noqa: F401  (re-exported for the tests)
+from .hashref import (  # noqa: F401  (re-exported for the tests)
     SplitMix64,
     cell_hash,
     cell_rng,

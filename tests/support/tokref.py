@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Dict
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"
 EMBEDDED = ROOT / "rust" / "tokshuf-core" / "data"
 NEOX_JSON = DATA / "gpt-neox-20b.json"
