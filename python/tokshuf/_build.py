@@ -10,6 +10,7 @@ from typing import Any, Dict, Iterable, Optional, Union
 
 from . import _core
 from ._inputs import PathLike, expand_inputs
+from ._remote import build_to_url, is_url
 from .exceptions import ConfigError
 
 DEFAULT_TOKENIZER = "tiktoken:r50k_base"
@@ -100,7 +101,11 @@ def build_cache(
     manifest.jsonl) while the input files are still being tokenized. ``tokenizer_backend``: ``"auto"`` (the
     fast backend where it is exact for this tokenizer, else the reference), ``"fast"``
     (an error where it cannot be used) or ``"reference"``; the ids are the same.
+    ``output`` may be an object-store URL (``s3://BUCKET/PREFIX``...; docs/storage.md).
     """
+    if is_url(output):
+        opts = {k: v for k, v in locals().items() if k not in ("inputs", "output", "local_cell_dir", "overwrite")}
+        return build_to_url(build_cache, inputs, output, local_cell_dir, overwrite, **opts)
     for name, value in (("seqlen", seqlen), ("chunk_size", chunk_size)):
         if not isinstance(value, int) or value < 1:
             raise ConfigError(f"{name} must be a positive integer, not {value!r}")
