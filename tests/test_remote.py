@@ -4,12 +4,15 @@ faults, and resumes after a failed upload without redoing what is already there.
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
+from typing import Any, List
 
 import pytest
 import tokshuf
-from support.s3 import S3, uploads
+from support.corpus import make_docs, three_files
+from support.s3 import S3, every_get, uploads
 
 OPTS = dict(seqlen=64, chunk_size=16, progress=False)
 
@@ -77,3 +80,92 @@ def test_another_cache_at_the_url_is_not_overwritten(s3: S3, tmp_path: Path, sma
         tokshuf.build_cache(small_corpus, url, local_cell_dir=tmp_path / "scratch", seed=5, **OPTS)
     tokshuf.build_cache(small_corpus, url, local_cell_dir=tmp_path / "scratch", seed=5, overwrite=True, **OPTS)
     assert json.loads(s3.get("caches/d/tokshuf.json"))["seed"] == 5
+
+
+# -- inputs in a store ------------------------------------------------------------------------
+
+
+def multi_member_inputs(root: Path) -> List[Path]:
+    """The three small files plus a multi-member gzip and a multi-frame zstd file."""
+    zstandard = pytest.importorskip("zstandard")
+    files = three_files(root)
+    docs = [make_docs(30, s) for s in (11, 12, 13)]
+    lines = [("".join(json.dumps({"text": d}) + "\n" for d in part)).encode() for part in docs]
+    gz = root / "d.jsonl.gz"
+    gz.write_bytes(b"".join(gzip.compress(x, mtime=0) for x in lines))
+    zst = root / "e.jsonl.zst"
+    zst.write_bytes(b"".join(zstandard.ZstdCompressor().compress(x) for x in lines))
+    return sorted([*files, gz, zst])
+
+
+def upload_all(s3: S3, files: List[Path], prefix: str) -> None:
+    for f in files:
+        s3.put(f"{prefix}/{f.name}", f.read_bytes())
+
+
+def same_except_input_names(a: Path, b: Path) -> None:
+    """Two local caches: identical shards and manifest; tokshuf.json equal but for the input
+    names (and the run's own ``build`` figures)."""
+    names = sorted(p.name for p in a.iterdir() if p.is_file())
+    assert names == sorted(p.name for p in b.iterdir() if p.is_file())
+    for n in names:
+        if n != "tokshuf.json":
+            assert (a / n).read_bytes() == (b / n).read_bytes(), n
+    ma, mb = (json.loads((d / "tokshuf.json").read_text()) for d in (a, b))
+    assert strip_names(ma) == strip_names(mb)
+
+
+def strip_names(meta: Any) -> Any:
+    """tokshuf.json without ``build`` and with input paths cut to their file names."""
+    if isinstance(meta, dict):
+        return {k: strip_names(v) for k, v in meta.items() if k != "build"}
+    if isinstance(meta, list):
+        return [strip_names(v) for v in meta]
+    if isinstance(meta, str) and ("/" in meta) and meta.endswith((".jsonl", ".gz", ".zst")):
+        return meta.rsplit("/", 1)[1]
+    return meta
+
+
+def test_build_from_s3_inputs_equals_the_local_build(s3: S3, tmp_path: Path) -> None:
+    files = multi_member_inputs(tmp_path / "in")
+    upload_all(s3, files, "corpus/part1")
+    tokshuf.build_cache(files, tmp_path / "local", **OPTS)
+    stats = tokshuf.build_cache(s3.url("corpus"), tmp_path / "remote", **OPTS)
+    assert [f["path"] for f in stats.metadata["inputs"]] == [s3.url(f"corpus/part1/{f.name}") for f in files]
+    same_except_input_names(tmp_path / "local", tmp_path / "remote")
+    # Every member and frame was read: the multi-member files count all their documents.
+    assert stats.num_documents == json.loads((tmp_path / "local" / "tokshuf.json").read_text())["num_documents"]
+
+
+def test_build_from_s3_into_s3_under_faults(s3: S3, tmp_path: Path) -> None:
+    files = multi_member_inputs(tmp_path / "in")
+    upload_all(s3, files, "corpus")
+    tokshuf.build_cache(files, tmp_path / "local", **OPTS)
+    proxy = s3.faults(seed=21, rate=0.3, kinds=("drop", "slowdown", "reset"))
+    tokshuf.build_cache(s3.url("corpus/*.jsonl*"), s3.url("caches/x"), local_cell_dir=tmp_path / "scratch", **OPTS)
+    assert sum(n for f, n in proxy.faults.items() if f != "ok") > 0
+    s3.no_faults()
+    got = tmp_path / "got"
+    got.mkdir()
+    for key in s3.keys("caches/x/"):
+        (got / key.rsplit("/", 1)[1]).write_bytes(s3.get(key))
+    same_except_input_names(tmp_path / "local", got)
+
+
+def test_mixed_local_and_s3_inputs_in_sorted_order(s3: S3, tmp_path: Path) -> None:
+    files = three_files(tmp_path / "in")
+    upload_all(s3, files[1:], "corpus")
+    stats = tokshuf.build_cache([s3.url("corpus"), files[0]], tmp_path / "out", **OPTS)
+    names = [f["path"] for f in stats.metadata["inputs"]]
+    assert names == sorted([str(files[0]), *(s3.url(f"corpus/{f.name}") for f in files[1:])])
+    with pytest.raises(tokshuf.InputNotFoundError, match="nothing"):
+        tokshuf.build_cache(s3.url("nothing/"), tmp_path / "none", **OPTS)
+
+
+def test_store_failing_on_every_read_is_a_remote_error_even_when_skipping(s3: S3, tmp_path: Path) -> None:
+    files = three_files(tmp_path / "in")
+    upload_all(s3, files, "corpus")
+    s3.faults(every=True, kinds=("slowdown",), match=every_get)
+    with pytest.raises(tokshuf.RemoteError, match=r"s3://.*corpus"):
+        tokshuf.build_cache(s3.url("corpus"), tmp_path / "out", errors="skip", **OPTS)
+    assert json.loads((tmp_path / "out" / "tokshuf.json").read_text())["status"] != "complete"

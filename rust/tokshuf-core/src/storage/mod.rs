@@ -360,6 +360,33 @@ pub fn delete(loc: &Location) -> Result<()> {
     }
 }
 
+/// An input file named by URL, decoded by its name and buffered, as `input::open` does for
+/// local files. A failure of the store reaches the line reader as an I/O error wrapping the
+/// tokshuf error (`unwrap_io` gets it back), so it is never taken for a corrupt stream.
+pub fn open_input(url: &str) -> Result<Box<dyn std::io::BufRead + Send>> {
+    let loc = Location::parse(url)?;
+    let Location::Remote(u) = &loc else {
+        return Err(Error::Config(format!("{url}: not an object-store URL")));
+    };
+    let reader = RemoteReader::open(client(u)?, obj_path(u)?, u.to_string(), None)?;
+    // An empty object holds no lines whatever its name says (as for local files).
+    if reader.is_empty() {
+        return Ok(Box::new(std::io::BufReader::new(std::io::empty())));
+    }
+    let decoded = decoder(&loc.file_name(), Box::new(reader))?;
+    Ok(Box::new(std::io::BufReader::with_capacity(1 << 20, decoded)))
+}
+
+/// The tokshuf error carried by an I/O error from `RemoteReader`, if it is one.
+pub fn remote_error(e: &std::io::Error) -> Option<&Error> {
+    e.get_ref().and_then(|inner| inner.downcast_ref::<Error>())
+}
+
+/// Size of an input named by a local path or a URL.
+pub fn input_size(path: &str) -> Result<u64> {
+    head(&Location::parse(path)?)
+}
+
 /// Wrap a byte stream in the decoder its name asks for: `.gz` (every member of a
 /// multi-member file), `.zst`/`.zstd` (every frame), else as is.
 pub fn decoder(name: &str, inner: Box<dyn Read + Send>) -> Result<Box<dyn Read + Send>> {

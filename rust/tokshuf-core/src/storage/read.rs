@@ -52,6 +52,11 @@ impl RemoteReader {
         Ok(r)
     }
 
+    /// True when the range holds no bytes (an empty object).
+    pub fn is_empty(&self) -> bool {
+        self.pos >= self.end && self.buf.is_empty()
+    }
+
     /// (Re)issue the GET for `pos..end`, retrying transient failures.
     fn request(&mut self) -> Result<()> {
         let rt = super::client::runtime()?;
