@@ -519,28 +519,7 @@ def test_directory_given_as_file_to_core(tmp_path):
     # ...and the core refuses one passed as a file, naming it.
     with pytest.raises(tokshuf.TokshufIOError, match="is a directory"):
         tokshuf._core.build_cache(
-            [str(d)],
-            str(tmp_path / "o2"),
-            tokshuf.DEFAULT_TOKENIZER,
-            64,
-            8,
-            None,
-            None,
-            0,
-            1,
-            "text",
-            "npy",
-            "stitch",
-            None,
-            None,
-            False,
-            None,
-            False,
-            True,
-            1 << 30,
-            "raise",
-            False,
-            False,
+            inputs=[str(d)], output=str(tmp_path / "o2"), seqlen=64, chunk_size=8, threads=1, progress=False
         )
 
 

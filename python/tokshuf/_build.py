@@ -11,17 +11,8 @@ from typing import Any, Dict, Iterable, Optional, Union
 from . import _core
 from ._inputs import PathLike, expand_inputs
 from ._remote import build_to_url, is_url
-from .exceptions import ConfigError
 
 DEFAULT_TOKENIZER = "tiktoken:r50k_base"
-
-
-def _default_memory_limit() -> int:
-    """Half of physical memory: only bounds how many cell ids stage 2 holds at once."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
-    except (ValueError, OSError, AttributeError):
-        return 4 << 30
 
 
 @dataclass(frozen=True)
@@ -106,41 +97,31 @@ def build_cache(
     if is_url(output):
         opts = {k: v for k, v in locals().items() if k not in ("inputs", "output", "local_cell_dir", "overwrite")}
         return build_to_url(build_cache, inputs, output, local_cell_dir, overwrite, **opts)
-    for name, value in (("seqlen", seqlen), ("chunk_size", chunk_size)):
-        if not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{name} must be a positive integer, not {value!r}")
-    if num_local_cells is not None and num_local_cells < 1:
-        raise ConfigError(f"num_local_cells must be positive, not {num_local_cells!r}")
-    if threads is not None and threads < 1:
-        raise ConfigError(f"threads must be positive, not {threads!r}")
-    if not 0 <= seed < 2**64:
-        raise ConfigError(f"seed must be in [0, 2**64), not {seed!r}")
-    files = expand_inputs(inputs)
     meta = json.loads(
         _core.build_cache(
-            files,
-            os.fspath(output),
-            tokenizer,
-            seqlen,
-            chunk_size,
-            num_local_cells,
-            None if local_cell_dir is None else os.fspath(local_cell_dir),
-            seed,
-            threads or 0,
-            text_key,
-            format,
-            tail,
-            eot_id,
-            pad_id,
-            bos,
-            bos_id,
-            allow_special_tokens,
-            shuffle,
-            memory_limit or _default_memory_limit(),
-            errors,
-            progress,
-            overwrite,
-            tokenizer_backend,
+            inputs=expand_inputs(inputs),
+            output=os.fspath(output),
+            tokenizer=tokenizer,
+            seqlen=seqlen,
+            chunk_size=chunk_size,
+            num_local_cells=num_local_cells,
+            local_cell_dir=None if local_cell_dir is None else os.fspath(local_cell_dir),
+            seed=seed,
+            threads=threads,
+            text_key=text_key,
+            format=format,
+            tail=tail,
+            eot_id=eot_id,
+            pad_id=pad_id,
+            bos=bos,
+            bos_id=bos_id,
+            allow_special_tokens=allow_special_tokens,
+            shuffle=shuffle,
+            memory_limit=memory_limit,
+            errors=errors,
+            progress=progress,
+            overwrite=overwrite,
+            tokenizer_backend=tokenizer_backend,
         )
     )
     stats = BuildStats(

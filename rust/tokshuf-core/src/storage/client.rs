@@ -16,8 +16,8 @@ use object_store::{BackoffConfig, ClientOptions, ObjectStore, RetryConfig};
 use sha2::{Digest, Sha256};
 
 use super::location::{RemoteUrl, Scheme};
-use crate::cache::PerProcess;
 use crate::error::{Error, Result};
+use crate::read::per_process::PerProcess;
 
 /// Network behaviour, from the environment (documented in docs/storage.md).
 #[derive(Clone, Debug)]
@@ -40,9 +40,8 @@ impl Settings {
         fn var<T: std::str::FromStr>(name: &str) -> Option<T> {
             std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
         }
-        let secs = |name: &str, default: f64| {
-            Duration::from_secs_f64(var::<f64>(name).filter(|v| v.is_finite() && *v >= 0.0).unwrap_or(default))
-        };
+        let secs =
+            |name: &str, default: f64| Duration::from_secs_f64(var::<f64>(name).filter(|v| v.is_finite() && *v >= 0.0).unwrap_or(default));
         Settings {
             retries: var("TOKSHUF_REMOTE_RETRIES").unwrap_or(10),
             timeout: secs("TOKSHUF_REMOTE_TIMEOUT", 30.0).max(Duration::from_millis(10)),
@@ -149,19 +148,14 @@ fn build(url: &RemoteUrl, s: &Settings) -> Result<Client> {
         .with_timeout_disabled()
         .with_read_timeout(s.timeout)
         .with_connect_timeout(s.timeout.min(Duration::from_secs(10)));
-    let fail = |e: object_store::Error| {
-        Error::Config(super::redact(&format!("{url}: cannot configure the object store client: {e}")))
-    };
+    let fail = |e: object_store::Error| Error::Config(super::redact(&format!("{url}: cannot configure the object store client: {e}")));
     let (store, multipart): (Arc<dyn ObjectStore>, Arc<dyn MultipartStore>) = match url.scheme {
         Scheme::S3 => {
             let endpoint = std::env::var("AWS_ENDPOINT_URL_S3").or_else(|_| std::env::var("AWS_ENDPOINT_URL")).ok();
             if endpoint.as_deref().is_some_and(is_loopback_http) {
                 options = options.with_allow_http(true);
             }
-            let mut b = AmazonS3Builder::from_env()
-                .with_bucket_name(&url.bucket)
-                .with_retry(retry)
-                .with_client_options(options);
+            let mut b = AmazonS3Builder::from_env().with_bucket_name(&url.bucket).with_retry(retry).with_client_options(options);
             if std::env::var("AWS_REGION").is_err() && std::env::var("AWS_DEFAULT_REGION").is_err() {
                 b = b.with_region("us-east-1");
             }

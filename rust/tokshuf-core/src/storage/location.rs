@@ -220,10 +220,7 @@ mod tests {
     #[test]
     fn parse_urls_and_paths() {
         let l = Location::parse("s3://bkt/a/b.jsonl").unwrap();
-        assert_eq!(
-            l,
-            Location::Remote(RemoteUrl { scheme: Scheme::S3, bucket: "bkt".into(), key: "a/b.jsonl".into() })
-        );
+        assert_eq!(l, Location::Remote(RemoteUrl { scheme: Scheme::S3, bucket: "bkt".into(), key: "a/b.jsonl".into() }));
         assert_eq!(l.to_string(), "s3://bkt/a/b.jsonl");
         assert_eq!(Location::parse("gs://b").unwrap().to_string(), "gs://b/");
         assert_eq!(Location::parse("az://c/x/").unwrap().join("y").to_string(), "az://c/x/y");

@@ -233,7 +233,16 @@ fn list_local(p: &Path) -> Result<Vec<Entry>> {
     let s = p.to_string_lossy();
     let (root, glob) = if has_glob(&s) {
         let base = location::glob_base(&s);
-        (PathBuf::from(if base.is_empty() && !s.starts_with('/') { "." } else if base.is_empty() { "/" } else { base }), Some(s.to_string()))
+        (
+            PathBuf::from(if base.is_empty() && !s.starts_with('/') {
+                "."
+            } else if base.is_empty() {
+                "/"
+            } else {
+                base
+            }),
+            Some(s.to_string()),
+        )
     } else {
         (p.to_path_buf(), None)
     };

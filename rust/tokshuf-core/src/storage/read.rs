@@ -108,10 +108,7 @@ impl RemoteReader {
         if self.failures > self.client.settings.retries {
             return Err(Error::Remote {
                 url: self.url.clone(),
-                reason: format!(
-                    "gave up at byte {} of {} after {} tries: {}",
-                    self.pos, self.end, self.failures, self.last_failure
-                ),
+                reason: format!("gave up at byte {} of {} after {} tries: {}", self.pos, self.end, self.failures, self.last_failure),
             });
         }
         std::thread::sleep(self.client.settings.delay(self.failures));

@@ -21,8 +21,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use sha2::{Digest, Sha256};
 
 use super::Location;
-use crate::cache::PerProcess;
 use crate::error::{Error, Result};
+use crate::read::per_process::PerProcess;
 
 /// One shard as the manifest describes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -289,10 +289,7 @@ impl Inner {
             }
             w.flush().map_err(|e| Error::io(&tmp, e))?;
             if n != want.size {
-                return Err(Error::corrupt(
-                    PathBuf::from(src.to_string()),
-                    format!("{n} bytes, the manifest says {}", want.size),
-                ));
+                return Err(Error::corrupt(PathBuf::from(src.to_string()), format!("{n} bytes, the manifest says {}", want.size)));
             }
             if let Some(expect) = &want.sha256 {
                 let got = format!("{:x}", hash.finalize());
@@ -396,10 +393,8 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
         // Exactly the first three (the next wanted) are there; nothing was evicted for later ones.
-        let mut have: Vec<String> = std::fs::read_dir(t.path().join("local"))
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
+        let mut have: Vec<String> =
+            std::fs::read_dir(t.path().join("local")).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
         have.sort();
         assert_eq!(have, vec!["s0.tar", "s1.tar", "s2.tar"]);
         // Reading on evicts the oldest to make room.

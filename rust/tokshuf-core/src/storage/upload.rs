@@ -49,12 +49,10 @@ pub(super) fn put_file(client: &Client, local: &Path, path: ObjPath, url: &str) 
     // A completion whose reply was lost is retried and then finds no such upload: the object
     // is there, whole, if it has the file's size.
     let outcome = match outcome {
-        Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-            match super::head_remote(client, &path, url) {
-                Ok(Some(n)) if n == size => Ok(()),
-                _ => Err(Error::Remote { url: url.to_string(), reason: "the multipart upload vanished before it completed".into() }),
-            }
-        }
+        Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => match super::head_remote(client, &path, url) {
+            Ok(Some(n)) if n == size => Ok(()),
+            _ => Err(Error::Remote { url: url.to_string(), reason: "the multipart upload vanished before it completed".into() }),
+        },
         other => other,
     };
     if let Err(e) = outcome {
@@ -109,8 +107,7 @@ fn join<T>(rt: &tokio::runtime::Runtime, handle: Option<tokio::task::JoinHandle<
     let Some(handle) = handle else {
         return Err(Error::Remote { url: url.to_string(), reason: "internal: no upload running".into() });
     };
-    rt.block_on(handle)
-        .map_err(|e| Error::Remote { url: url.to_string(), reason: format!("an upload task failed: {e}") })?
+    rt.block_on(handle).map_err(|e| Error::Remote { url: url.to_string(), reason: format!("an upload task failed: {e}") })?
 }
 
 fn read_exact(file: &mut File, local: &Path, len: u64) -> Result<Bytes> {

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use rustc_hash::FxHashMap;
 use serde_json::Value;
 
-use crate::bpe::BytePairEncoder;
+use crate::tokenize::bpe::BytePairEncoder;
 
 const NO_PAIR: (u32, u32) = (u32::MAX, u32::MAX);
 
@@ -60,7 +60,10 @@ enum Whole {
     /// Tokens of up to 15 bytes by their bytes packed in an integer (most lookups), longer
     /// ones by their bytes: `ignore_merges` of tokenizer.json (the vocabulary) or tiktoken
     /// (its ranks).
-    Tokens { short: FxHashMap<u128, u32>, long: FxHashMap<Vec<u8>, u32> },
+    Tokens {
+        short: FxHashMap<u128, u32>,
+        long: FxHashMap<Vec<u8>, u32>,
+    },
 }
 
 /// `bytes` (at most 15) and their length in one integer.
@@ -162,10 +165,8 @@ impl MergeBpe {
         let ignore_merges = model.get("ignore_merges").and_then(Value::as_bool).unwrap_or(false);
         let whole = if ignore_merges {
             let inverse: FxHashMap<char, u8> = alphabet.iter().enumerate().map(|(b, &c)| (c, b as u8)).collect();
-            let decoded: Vec<(Vec<u8>, u32)> = vocab
-                .iter()
-                .filter_map(|(tok, id)| Some((byte_level_decode(tok, &inverse)?, u32::try_from(id.as_u64()?).ok()?)))
-                .collect();
+            let decoded: Vec<(Vec<u8>, u32)> =
+                vocab.iter().filter_map(|(tok, id)| Some((byte_level_decode(tok, &inverse)?, u32::try_from(id.as_u64()?).ok()?))).collect();
             Whole::tokens(decoded.iter().map(|(b, id)| (&b[..], *id)))
         } else {
             Whole::Never
@@ -395,7 +396,7 @@ mod tests {
     /// The tiktoken form gives the reference merge of `bpe.rs`.
     #[test]
     fn tiktoken_pairs_equal_byte_ranks() {
-        let mut ranks = crate::bpe::Ranks::default();
+        let mut ranks = crate::tokenize::bpe::Ranks::default();
         for b in 0..=255u8 {
             ranks.insert(vec![b], b as u32);
         }

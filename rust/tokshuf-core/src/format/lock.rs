@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 
-pub const LOCK_NAME: &str = ".tokshuf-lock";
+use super::LOCK_NAME;
 
 /// Held by a running build.
 #[derive(Debug)]
@@ -56,7 +56,8 @@ impl BuildLock {
         loop {
             attempt += 1;
             let created = !path.exists();
-            let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path).map_err(|e| Error::io(&path, e))?;
+            let file =
+                OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path).map_err(|e| Error::io(&path, e))?;
             match flock(&file, libc::LOCK_EX | libc::LOCK_NB) {
                 Ok(()) => {}
                 Err(e) if unsupported(&e) => return Ok(BuildLock { file, path, created }),

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
-use crate::order::{Loc, Source};
+use crate::read::order::{Loc, Source};
 
 /// Largest quantum accepted: the period costs 12 bytes per draw (12 GiB at this bound).
 pub const MAX_QUANTUM: u64 = 1 << 30;
@@ -253,11 +253,7 @@ impl Schedule {
     /// Check `sizes` before `locate_wrapped`: one positive size per dataset.
     pub fn check_sizes(&self, sizes: &[u64]) -> Result<()> {
         if sizes.len() != self.num_datasets() {
-            return Err(Error::Config(format!(
-                "{} dataset sizes given for a blend of {} datasets",
-                sizes.len(),
-                self.num_datasets()
-            )));
+            return Err(Error::Config(format!("{} dataset sizes given for a blend of {} datasets", sizes.len(), self.num_datasets())));
         }
         if let Some(i) = sizes.iter().position(|&s| s == 0) {
             return Err(Error::Config(format!("dataset {i} of the blend has no examples")));
@@ -318,11 +314,7 @@ impl BlendSource {
     /// `components[k]` serves the schedule's dataset k; either all are finite or none is.
     pub fn new(schedule: Arc<Schedule>, components: Vec<Arc<dyn Source>>) -> Result<BlendSource> {
         if components.len() != schedule.num_datasets() {
-            return Err(Error::Config(format!(
-                "{} sources given for a blend of {} datasets",
-                components.len(),
-                schedule.num_datasets()
-            )));
+            return Err(Error::Config(format!("{} sources given for a blend of {} datasets", components.len(), schedule.num_datasets())));
         }
         let finite: Vec<Option<u64>> = components.iter().map(|c| c.num_examples()).collect();
         let (sizes, length) = if finite.iter().all(Option::is_some) {
@@ -339,12 +331,7 @@ impl BlendSource {
         for (q, c) in schedule.quanta().iter().zip(&components) {
             h.update(format!("{q} {}\0", c.describe()).as_bytes());
         }
-        let description = format!(
-            "blend-v1 D={} n={} {}",
-            schedule.quantum(),
-            schedule.num_datasets(),
-            crate::tokenizer::hex(&h.finalize())
-        );
+        let description = format!("blend-v1 D={} n={} {}", schedule.quantum(), schedule.num_datasets(), crate::format::hex(&h.finalize()));
         Ok(BlendSource { schedule, components, sizes, length, description })
     }
 }
@@ -572,7 +559,7 @@ mod tests {
 
     #[test]
     fn blend_source_composes_schedule_and_orders() {
-        use crate::order::{cache_source, OrderOptions};
+        use crate::read::order::{cache_source, OrderOptions};
         let layouts: [(&[u64], u64); 3] = [(&[4, 4, 2], 4), (&[3], 3), (&[5, 5, 5, 1, 5], 5)];
         let sched = Arc::new(Schedule::new(&[0.5, 0.2, 0.3], 17).unwrap());
         let opts = OrderOptions { ideal_readers: 3, seed: 4, reshuffle: true };

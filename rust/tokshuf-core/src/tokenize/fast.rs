@@ -2,41 +2,11 @@
 //! libraries, for the tiktoken encodings and the tokenizer.json files of the GPT-2 /
 //! GPT-NeoX / Llama-3 family.
 //!
-//! EVALUATION (what decided it)
-//! ----------------------------
-//! Candidates from crates.io (issue 4), run in one scratch harness on 4.5 MB of the benchmark
-//! corpus (449 documents drawn from all 16 parts: code, docs, man pages in many languages),
-//! one pinned core, process CPU time, best of 3, on a quiet 2-core machine (load 0.3);
-//! "edge" is 5,239 generated strings (every Unicode category, whitespace runs, contractions,
-//! NFC cases, emoji, rare scalar values), ids compared with Python tiktoken 0.14 /
-//! tokenizers 0.23.3.
-//!
-//! | MB/s, 1 thread        | r50k | cl100k | o200k | NeoX | ids                                |
-//! |-----------------------|-----:|-------:|------:|-----:|------------------------------------|
-//! | tokie 0.1.4           |    - |      - |     - |   62 | NeoX: 78/5239 edge strings differ  |
-//! | toktok-rs 0.3.0       |    - |    123 |   110 |    - | o200k: 2/5239 differ ('İ folding)   |
-//! | bpe-openai 0.3.2      |    - |     26 |    24 |    - | equal                              |
-//! | fastokens 0.3.5       |   49 |    458 |   436 |   92 | r50k: 18/5239 differ (U+180E)      |
-//! | tokshuf reference     |   15 |     15 |    19 |    3 | equal (fancy-regex / HF crate)     |
-//! | tokshuf-fast (this)   |  121 |     97 |    87 |   94 | equal, and on the whole corpus     |
-//!
-//! None covers all five tokenizers exactly: tokie is alpha and has no way to keep special
-//! tokens as text; toktok-rs and bpe-openai have no r50k/p50k or tokenizer.json. fastokens
-//! is exact on our sets except r50k and much faster on cl100k/o200k (SIMD bulk scanning),
-//! but it runs its own thread pool inside `encode` (fork-join workers sized from the CPU
-//! count, tunable only by environment variables), builds PCRE2 (C) and is 30 k lines: a poor
-//! fit inside our own worker pool and after fork, and still not usable for r50k/p50k. So
-//! tokshuf has its own, exact by construction (below) and linear on worst cases (1 MB of
-//! one letter or one space run: 0.15-0.25 s, like fastokens; tiktoken's merge is quadratic).
-//! End to end on the 100 MB subset, 2 threads, medians of 5 builds each in a fresh process
-//! (`python benches/build_bench.py --tokenizers neox,cl100k --threads 2 --runs 5`, 2-core
-//! AMD EPYC VM): NeoX 78.0 MB/s (HF encode_batch_fast 4.9, gigatoken 90.6), cl100k 82.9
-//! MB/s (tiktoken encode_ordinary_batch 15.3, gigatoken 152); the README has the table.
-//! Whole corpus (504 MB, 56 k documents), `check-tokenizer`: 0 documents differ for NeoX,
-//! r50k, p50k, cl100k and o200k.
+//! Why tokshuf has its own backend rather than a crate from crates.io, and its measured
+//! speed, are in docs/fast-tokenizer.md.
 //!
 //! HOW IT IS FAST
-//! - Pre-tokenization by hand-written scanners (`pretok.rs`), one per pattern family, with
+//! - Pre-tokenization by hand-written scanners (`pretok`), one per pattern family, with
 //!   the reference engines' character classes, and ASCII fast paths.
 //! - A per-thread memo of pre-token -> ids (`piece_cache.rs`, bounded; short pieces need no
 //!   allocation): most pre-tokens are merged once per thread.
@@ -69,11 +39,11 @@ use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use serde_json::Value;
 use unicode_normalization_alignments::UnicodeNormalization;
 
-use crate::bpe::BytePairEncoder;
-use crate::hfbpe::MergeBpe;
-use crate::piece_cache::PieceCache;
-use crate::pretok::{self, CharClasses, Engine, Pattern, PreTokenizer};
-use crate::tokenizer::Encoder;
+use crate::tokenize::bpe::BytePairEncoder;
+use crate::tokenize::encoder::Encoder;
+use crate::tokenize::hfbpe::MergeBpe;
+use crate::tokenize::piece_cache::PieceCache;
+use crate::tokenize::pretok::{self, CharClasses, Engine, Pattern, PreTokenizer};
 
 /// Slots of each thread's memo: 2^18 x 32 bytes = 8 MiB per thread and tokenizer, allocated
 /// when the thread first encodes with it. On the 100 MB subset, 2^16 slots missed 5.6 % of pieces and 2^18
@@ -81,7 +51,6 @@ use crate::tokenizer::Encoder;
 const CACHE_BITS: u32 = 18;
 /// Memos kept per thread (one per tokenizer in use); the oldest is dropped beyond this.
 const CACHES_PER_THREAD: usize = 4;
-
 
 /// Added tokens found by one automaton: (id, skipped) per pattern.
 struct Matcher {
@@ -242,15 +211,7 @@ impl FastEncoder {
         // on the whole text.
         let raw_added = if raw.iter().all(|&(_, _, skip)| skip) { None } else { Matcher::build(raw)? };
         let normalized_added = if normalized.iter().all(|&(_, _, skip)| skip) { None } else { Matcher::build(normalized)? };
-        Ok(FastEncoder {
-            uid: NEXT_UID.fetch_add(1, Ordering::Relaxed),
-            pretok,
-            model,
-            nfc,
-            raw_added,
-            normalized_added,
-            reference,
-        })
+        Ok(FastEncoder { uid: NEXT_UID.fetch_add(1, Ordering::Relaxed), pretok, model, nfc, raw_added, normalized_added, reference })
     }
 
     fn with_state<R>(&self, f: impl FnOnce(&mut ThreadState) -> R) -> R {

@@ -12,9 +12,9 @@ use std::sync::Arc;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 
-use crate::cache::{Cache, Id};
 use crate::error::{Error, Result};
-use crate::order::{Loc, Source};
+use crate::read::cache::{Cache, Id};
+use crate::read::order::{Loc, Source};
 
 /// Element type of the batches handed out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,7 +105,7 @@ impl BatchSpec {
         if batch_size == 0 || batch_size % world_size != 0 {
             return Err(Error::Config(format!("batch_size {batch_size} must be a positive multiple of world_size {world_size}")));
         }
-        if dtype == OutDtype::U16 && caches.iter().any(|c| c.meta.dtype == crate::meta::Dtype::Uint32) {
+        if dtype == OutDtype::U16 && caches.iter().any(|c| c.meta.dtype == crate::format::Dtype::Uint32) {
             return Err(Error::Config("dtype uint16 cannot hold the ids of a uint32 cache".into()));
         }
         let end = source.num_examples().map(|n| end_of(n, batch_size, drop_last));
@@ -115,7 +115,7 @@ impl BatchSpec {
 
     /// Does any cache follow a running build (so reads may wait)?
     pub fn follows(&self) -> bool {
-        self.caches.iter().any(|c| c.follow.is_some())
+        self.caches.iter().any(|c| c.is_following())
     }
 
     /// `has_batch`, finding the end of a single pass that follows a build (may wait).
@@ -241,7 +241,10 @@ impl Prefetcher {
                 .spawn(move || {
                     let mut k = w as u64;
                     while !stop.load(Ordering::Relaxed) {
-                        let Some(at) = k.checked_mul(every).and_then(|x| x.checked_mul(spec.batch_size)).and_then(|x| x.checked_add(first)) else { break };
+                        let Some(at) = k.checked_mul(every).and_then(|x| x.checked_mul(spec.batch_size)).and_then(|x| x.checked_add(first))
+                        else {
+                            break;
+                        };
                         let r = match spec.has_batch_wait(at, &stop) {
                             Ok(false) => break,
                             Ok(true) => spec.assemble_wait(at, &stop).map(|(rows, b)| (at, rows, b)),
@@ -286,5 +289,18 @@ impl Drop for Prefetcher {
         }
         // Workers notice the flag or the closed channel after at most one batch, and exit.
         self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+impl std::str::FromStr for OutDtype {
+    type Err = Error;
+    fn from_str(name: &str) -> Result<Self> {
+        Ok(match name {
+            "uint16" => OutDtype::U16,
+            "uint32" => OutDtype::U32,
+            "int32" => OutDtype::I32,
+            "int64" => OutDtype::I64,
+            _ => return Err(Error::Config(format!("dtype={name:?}: expected int32, int64, uint16 or uint32"))),
+        })
     }
 }

@@ -1,8 +1,8 @@
-//! Test-only hooks for the crash and disk-full tests. All are inert unless their environment
+//! The hooks themselves. All are inert unless their environment
 //! variable is set; they are read once at the start of each build (`init`).
 //!
 //! - `TOKSHUF_TEST_TRACE=FILE`: append `NAME\n` to FILE each time the build reaches a named
-//!   point (see the `point` calls in `build.rs` / `stage1.rs`).
+//!   point (see the `point` calls under `build/`).
 //! - `TOKSHUF_TEST_PAUSE=NAME[:N]`: the N-th time (default 1) point NAME (or, for `PREFIX*`,
 //!   any point whose name starts with PREFIX) is reached, append
 //!   `paused NAME\n` to the trace file and sleep for good, so a test can SIGKILL the build at

@@ -142,9 +142,7 @@ pub fn parse_line<'a>(line: &'a [u8], key: &str) -> Line<'a> {
     }
     let line = match std::str::from_utf8(line) {
         Ok(s) => s,
-        Err(e) => {
-            return Line::Bad(SkipReason::InvalidUtf8, format!("invalid UTF-8 at byte {} of the line", e.valid_up_to()))
-        }
+        Err(e) => return Line::Bad(SkipReason::InvalidUtf8, format!("invalid UTF-8 at byte {} of the line", e.valid_up_to())),
     };
     // Validated above, so the str reader (which skips UTF-8 checks) is safe and faster.
     let mut de = serde_json::Deserializer::from_str(line);
@@ -152,12 +150,8 @@ pub fn parse_line<'a>(line: &'a [u8], key: &str) -> Line<'a> {
     match parsed {
         Ok(Extracted::Text(t)) => Line::Text(t),
         Ok(Extracted::Missing) => Line::Bad(SkipReason::MissingText, format!("no {key:?} key")),
-        Ok(Extracted::NotString(what)) => {
-            Line::Bad(SkipReason::TextNotString, format!("{key:?} is {what}, not a string"))
-        }
-        Ok(Extracted::NotObject(what)) => {
-            Line::Bad(SkipReason::NotAnObject, format!("line is a JSON {what}, not an object"))
-        }
+        Ok(Extracted::NotString(what)) => Line::Bad(SkipReason::TextNotString, format!("{key:?} is {what}, not a string")),
+        Ok(Extracted::NotObject(what)) => Line::Bad(SkipReason::NotAnObject, format!("line is a JSON {what}, not an object")),
         Err(e) => {
             let msg = e.to_string();
             if msg.contains("surrogate") || msg.contains("hex escape") {
@@ -335,10 +329,7 @@ mod tests {
         assert!(matches!(text(r#"{"text": "a""#), Line::Bad(SkipReason::InvalidJson, _)));
         assert!(matches!(text(r#"{"text": "a"} x"#), Line::Bad(SkipReason::InvalidJson, _)));
         assert!(matches!(text(r#"{"text": "\ud800"}"#), Line::Bad(SkipReason::InvalidUtf8, _)));
-        assert!(matches!(
-            parse_line(b"{\"text\": \"\xff\"}", "text"),
-            Line::Bad(SkipReason::InvalidUtf8, _)
-        ));
+        assert!(matches!(parse_line(b"{\"text\": \"\xff\"}", "text"), Line::Bad(SkipReason::InvalidUtf8, _)));
         // Deep nesting is skipped over iteratively: no stack overflow, the text still found.
         let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
         assert!(matches!(text(&deep), Line::Bad(SkipReason::NotAnObject, _)));

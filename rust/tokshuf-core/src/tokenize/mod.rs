@@ -12,24 +12,25 @@
 //! Each has a reference backend (the above) and, where `fast.rs` models the configuration
 //! exactly, the fast one; `Backend` chooses (`Auto`: fast where possible).
 
+pub mod bpe;
+mod encoder;
+pub mod fast;
+pub mod hfbpe;
+pub mod piece_cache;
+pub mod pretok;
+
+pub use encoder::Encoder;
+
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use sha2::{Digest, Sha256};
 
-use crate::bpe::{self, BytePairEncoder};
+use self::bpe::BytePairEncoder;
 use crate::error::{Error, Result};
 // tiktoken's pre-tokenizer patterns, as in tiktoken_ext.openai_public (the fast scanners
 // recognise them by this exact text).
-use crate::pretok::{CL100K as CL100K_PAT, GPT2_TIKTOKEN as R50K_PAT, O200K as O200K_PAT};
-
-/// Encode text into ids. Implementations are shared by all worker threads.
-pub trait Encoder: Send + Sync {
-    /// Append the ids of `text` to `out`.
-    fn encode_into(&self, text: &str, out: &mut Vec<u32>) -> std::result::Result<(), String>;
-    /// Text of `ids` (lossy where ids split a character); for `inspect` and tests.
-    fn decode(&self, ids: &[u32]) -> String;
-}
+use self::pretok::{CL100K as CL100K_PAT, GPT2_TIKTOKEN as R50K_PAT, O200K as O200K_PAT};
 
 /// Which implementation encodes: `Auto` takes the fast backend where it models the
 /// tokenizer exactly and the reference otherwise; `Fast` fails where it cannot be used.
@@ -69,6 +70,23 @@ pub struct Tokenizer {
 }
 
 impl Tokenizer {
+    /// Ids of one text (no EOT/BOS added).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let mut out = Vec::new();
+        self.encoder.encode_into(text, &mut out).map_err(Error::Tokenizer)?;
+        Ok(out)
+    }
+
+    /// Ids of many texts, encoded on `threads` threads (0: all cores), in order.
+    pub fn encode_batch(&self, texts: &[String], threads: usize) -> Result<Vec<Vec<u32>>> {
+        use rayon::prelude::*;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .map_err(|e| Error::Config(format!("cannot start {threads} threads: {e}")))?;
+        pool.install(|| texts.par_iter().map(|t| self.encode(t)).collect())
+    }
+
     /// `allow_special`: special-token strings in text become their control ids (plain HF
     /// `encode`); only meaningful for tokenizer.json files.
     pub fn load(spec: &str, allow_special: bool, backend: Backend) -> Result<Tokenizer> {
@@ -97,7 +115,7 @@ fn choose(
     spec: &str,
     backend: Backend,
     reference: (Arc<dyn Encoder>, &'static str),
-    fast: impl FnOnce() -> std::result::Result<crate::fast::FastEncoder, String>,
+    fast: impl FnOnce() -> std::result::Result<crate::tokenize::fast::FastEncoder, String>,
 ) -> Result<(Arc<dyn Encoder>, &'static str)> {
     if backend == Backend::Reference {
         return Ok(reference);
@@ -125,19 +143,19 @@ struct TiktokenSpec {
 fn tiktoken_spec(name: &str) -> Option<TiktokenSpec> {
     Some(match name {
         "r50k_base" | "gpt2" => TiktokenSpec {
-            data: include_bytes!("../data/r50k_base.tiktoken.gz"),
+            data: include_bytes!("../../data/r50k_base.tiktoken.gz"),
             pattern: R50K_PAT,
             ws: WsRule::R50k,
             specials: &[("<|endoftext|>", 50256)],
         },
         "p50k_base" => TiktokenSpec {
-            data: include_bytes!("../data/p50k_base.tiktoken.gz"),
+            data: include_bytes!("../../data/p50k_base.tiktoken.gz"),
             pattern: R50K_PAT,
             ws: WsRule::R50k,
             specials: &[("<|endoftext|>", 50256)],
         },
         "cl100k_base" => TiktokenSpec {
-            data: include_bytes!("../data/cl100k_base.tiktoken.gz"),
+            data: include_bytes!("../../data/cl100k_base.tiktoken.gz"),
             pattern: CL100K_PAT,
             ws: WsRule::Cl100k,
             specials: &[
@@ -149,7 +167,7 @@ fn tiktoken_spec(name: &str) -> Option<TiktokenSpec> {
             ],
         },
         "o200k_base" => TiktokenSpec {
-            data: include_bytes!("../data/o200k_base.tiktoken.gz"),
+            data: include_bytes!("../../data/o200k_base.tiktoken.gz"),
             pattern: O200K_PAT,
             ws: WsRule::O200k,
             specials: &[("<|endoftext|>", 199999), ("<|endofprompt|>", 200018)],
@@ -210,8 +228,9 @@ fn compile_pattern(pattern: &str) -> std::result::Result<fancy_regex::Regex, fan
 impl Tiktoken {
     fn regex(&self) -> &fancy_regex::Regex {
         match rayon::current_thread_index() {
-            Some(i) if i < REGEX_SLOTS => self.per_thread[i]
-                .get_or_init(|| compile_pattern(self.regex.as_str()).unwrap_or_else(|_| self.regex.clone())),
+            Some(i) if i < REGEX_SLOTS => {
+                self.per_thread[i].get_or_init(|| compile_pattern(self.regex.as_str()).unwrap_or_else(|_| self.regex.clone()))
+            }
             _ => &self.regex,
         }
     }
@@ -243,8 +262,20 @@ impl Tiktoken {
         let at_end = end == rest.len();
         let all_but_last = end - last_char;
         Some(match self.ws {
-            WsRule::R50k => if at_end { end } else { all_but_last },
-            WsRule::Cl100k => if at_end { end } else { last_newline.unwrap_or(all_but_last) },
+            WsRule::R50k => {
+                if at_end {
+                    end
+                } else {
+                    all_but_last
+                }
+            }
+            WsRule::Cl100k => {
+                if at_end {
+                    end
+                } else {
+                    last_newline.unwrap_or(all_but_last)
+                }
+            }
             WsRule::O200k => last_newline.unwrap_or(if at_end { end } else { all_but_last }),
         })
     }
@@ -301,19 +332,18 @@ impl Encoder for Tiktoken {
 }
 
 fn load_tiktoken(spec: &str, name: &str, backend: Backend) -> Result<Tokenizer> {
-    let s = tiktoken_spec(name).ok_or_else(|| {
-        Error::Tokenizer(format!("unknown tiktoken encoding {name:?}; known: {}", TIKTOKEN_NAMES.join(", ")))
-    })?;
+    let s = tiktoken_spec(name)
+        .ok_or_else(|| Error::Tokenizer(format!("unknown tiktoken encoding {name:?}; known: {}", TIKTOKEN_NAMES.join(", "))))?;
     // The fast backend's class table is built beside the ranks.
     let (raw, ranks) = std::thread::scope(|sc| {
         if backend != Backend::Reference {
-            sc.spawn(crate::pretok::CharClasses::shared);
+            sc.spawn(crate::tokenize::pretok::CharClasses::shared);
         }
         let raw = bpe::gunzip(s.data)?;
         let ranks = bpe::parse_tiktoken(&raw)?;
         Ok::<_, Error>((raw, ranks))
     })?;
-    let sha256 = hex(&Sha256::digest(&raw));
+    let sha256 = crate::format::hex(&Sha256::digest(&raw));
     let max_rank = ranks.values().copied().max().unwrap_or(0);
     let max_special = s.specials.iter().map(|&(_, id)| id).max().unwrap_or(0);
     let vocab_size = max_rank.max(max_special) + 1;
@@ -321,28 +351,12 @@ fn load_tiktoken(spec: &str, name: &str, backend: Backend) -> Result<Tokenizer> 
     let per_thread = (0..REGEX_SLOTS).map(|_| OnceLock::new()).collect();
     let eot = s.specials[0].1;
     let bpe = Arc::new(BytePairEncoder::new(ranks)?);
-    let reference: Arc<dyn Encoder> = Arc::new(Tiktoken {
-        bpe: bpe.clone(),
-        regex,
-        per_thread,
-        ws: s.ws,
-        decoder: OnceLock::new(),
-        specials: s.specials,
-        vocab_size,
-    });
+    let reference: Arc<dyn Encoder> =
+        Arc::new(Tiktoken { bpe: bpe.clone(), regex, per_thread, ws: s.ws, decoder: OnceLock::new(), specials: s.specials, vocab_size });
     let (encoder, backend) = choose(spec, backend, (reference.clone(), "tokshuf-bpe"), || {
-        crate::fast::FastEncoder::tiktoken(s.pattern, bpe, reference)
+        crate::tokenize::fast::FastEncoder::tiktoken(s.pattern, bpe, reference)
     })?;
-    Ok(Tokenizer {
-        spec: spec.to_string(),
-        sha256,
-        vocab_size,
-        backend,
-        eot_id: Some(eot),
-        pad_id: None,
-        bos_id: None,
-        encoder,
-    })
+    Ok(Tokenizer { spec: spec.to_string(), sha256, vocab_size, backend, eot_id: Some(eot), pad_id: None, bos_id: None, encoder })
 }
 
 // ---------------------------------------------------------------------------------------
@@ -369,13 +383,11 @@ fn load_tokenizer_json(spec: &str, path: &Path, allow_special: bool, backend: Ba
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
     // The fast backend's parts are built beside the reference, which takes longer.
     let (tok, parts) = std::thread::scope(|sc| {
-        let parts = (backend != Backend::Reference)
-            .then(|| sc.spawn(|| crate::fast::FastEncoder::tokenizer_json_parts(&bytes)));
+        let parts = (backend != Backend::Reference).then(|| sc.spawn(|| crate::tokenize::fast::FastEncoder::tokenizer_json_parts(&bytes)));
         let tok = tokenizers::Tokenizer::from_bytes(&bytes);
         (tok, parts.map(|h| h.join().unwrap_or_else(|_| Err("building the fast backend panicked".into()))))
     });
-    let mut tok =
-        tok.map_err(|e| Error::Tokenizer(format!("{}: not a usable tokenizer.json: {e}", path.display())))?;
+    let mut tok = tok.map_err(|e| Error::Tokenizer(format!("{}: not a usable tokenizer.json: {e}", path.display())))?;
     tok.set_encode_special_tokens(!allow_special);
     let _ = tok.with_padding(None).with_truncation(None);
     let find = |cands: &[&str]| cands.iter().find_map(|t| tok.token_to_id(t));
@@ -386,11 +398,11 @@ fn load_tokenizer_json(spec: &str, path: &Path, allow_special: bool, backend: Ba
     let reference: Arc<dyn Encoder> = Arc::new(HfTokenizer(tok.clone()));
     let (encoder, backend) = choose(spec, backend, (reference.clone(), "hf-tokenizers"), || {
         let parts = parts.unwrap_or_else(|| Err("not built".into()))?;
-        crate::fast::FastEncoder::tokenizer_json(parts, &tok, allow_special, reference)
+        crate::tokenize::fast::FastEncoder::tokenizer_json(parts, &tok, allow_special, reference)
     })?;
     Ok(Tokenizer {
         spec: spec.to_string(),
-        sha256: hex(&Sha256::digest(&bytes)),
+        sha256: crate::format::hex(&Sha256::digest(&bytes)),
         vocab_size,
         backend,
         eot_id,
@@ -418,22 +430,14 @@ fn hf_cache_path(repo: &str) -> Result<PathBuf> {
         others.sort();
         candidates.extend(others);
     }
-    candidates
-        .into_iter()
-        .map(|d| d.join("tokenizer.json"))
-        .find(|p| p.is_file())
-        .ok_or_else(|| {
-            Error::Tokenizer(format!(
-                "hf:{repo}: no tokenizer.json in the local Hugging Face cache ({}); tokshuf never \
+    candidates.into_iter().map(|d| d.join("tokenizer.json")).find(|p| p.is_file()).ok_or_else(|| {
+        Error::Tokenizer(format!(
+            "hf:{repo}: no tokenizer.json in the local Hugging Face cache ({}); tokshuf never \
                  downloads: fetch it once with `huggingface-cli download {repo} tokenizer.json` \
                  or pass the path of a tokenizer.json",
-                dir.display()
-            ))
-        })
-}
-
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+            dir.display()
+        ))
+    })
 }
 
 #[cfg(test)]

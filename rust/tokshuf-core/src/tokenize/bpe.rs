@@ -73,9 +73,8 @@ impl BytePairEncoder {
     pub fn new(ranks: Ranks) -> Result<Self> {
         let mut byte_ranks = [0u32; 256];
         for b in 0..=255u8 {
-            byte_ranks[b as usize] = *ranks
-                .get(&[b][..])
-                .ok_or_else(|| Error::Tokenizer(format!("vocabulary lacks the single byte {b:#04x}")))?;
+            byte_ranks[b as usize] =
+                *ranks.get(&[b][..]).ok_or_else(|| Error::Tokenizer(format!("vocabulary lacks the single byte {b:#04x}")))?;
         }
         Ok(BytePairEncoder { ranks, byte_ranks })
     }

@@ -56,7 +56,13 @@ const MASKS: [[u64; 2]; 17] = {
     let mut n = 0;
     while n <= 16 {
         let lo = if n >= 8 { u64::MAX } else { (1u64 << (8 * n)) - 1 };
-        let hi = if n >= 16 { u64::MAX } else if n <= 8 { 0 } else { (1u64 << (8 * (n - 8))) - 1 };
+        let hi = if n >= 16 {
+            u64::MAX
+        } else if n <= 8 {
+            0
+        } else {
+            (1u64 << (8 * (n - 8))) - 1
+        };
         m[n] = [lo, hi];
         n += 1;
     }
@@ -87,25 +93,13 @@ fn hash(key: &[u64; 2]) -> u64 {
 impl PieceCache {
     /// A cache of `1 << bits` slots (32 bytes each), in sets of two.
     pub fn new(bits: u32) -> Self {
-        PieceCache {
-            sets: vec![Set([EMPTY; 2]); 1 << (bits - 1)],
-            mask: (1 << (bits - 1)) - 1,
-            long: FxHashMap::default(),
-            long_bytes: 0,
-        }
+        PieceCache { sets: vec![Set([EMPTY; 2]); 1 << (bits - 1)], mask: (1 << (bits - 1)) - 1, long: FxHashMap::default(), long_bytes: 0 }
     }
 
     /// Append the ids of the piece `text[start..end]` to `out`: from the cache, or computed
     /// by `encode` (which must append them to `out`) and remembered.
     #[inline(always)]
-    pub fn encode(
-        &mut self,
-        text: &[u8],
-        start: usize,
-        end: usize,
-        out: &mut Vec<u32>,
-        encode: impl FnOnce(&[u8], &mut Vec<u32>),
-    ) {
+    pub fn encode(&mut self, text: &[u8], start: usize, end: usize, out: &mut Vec<u32>, encode: impl FnOnce(&[u8], &mut Vec<u32>)) {
         let len = end - start;
         if len > KEY_BYTES {
             return self.encode_long(&text[start..end], out, encode);

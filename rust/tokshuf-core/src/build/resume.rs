@@ -14,14 +14,11 @@ use std::time::UNIX_EPOCH;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use crate::build::stage1;
 use crate::error::{Error, Result};
+use crate::format::{self, is_data, is_ours, Metadata, Recipe, Status, MANIFEST_NAME, META_NAME, WORK_NAME};
 use crate::hash;
-use crate::meta::{self, Recipe};
-use crate::stage1;
 
-pub const META_NAME: &str = "tokshuf.json";
-pub const MANIFEST_NAME: &str = "manifest.jsonl";
-pub const WORK_NAME: &str = ".tokshuf-work";
 const WORK_STATE: &str = "recipe.json";
 
 /// What the output folder asks of this build.
@@ -31,7 +28,7 @@ pub enum Start {
     /// An unfinished build of the same recipe: continue it.
     Resume,
     /// The same build is complete: tokshuf.json.
-    Complete(Value),
+    Complete(Box<Metadata>),
 }
 
 /// The work folder's record of the build it belongs to.
@@ -77,21 +74,6 @@ pub fn work_dir(output: &Path, local_cell_dir: Option<&Path>) -> Result<PathBuf>
     })
 }
 
-/// Names a build writes into its output folder (finished or not).
-pub fn is_ours(name: &str) -> bool {
-    name == META_NAME
-        || name == MANIFEST_NAME
-        || name == WORK_NAME
-        || (name.starts_with("shard_") && (name.ends_with(".tar") || name.ends_with(".tar.tmp")))
-        || name == "tokshuf.json.tmp"
-        || name == "manifest.jsonl.tmp"
-        || name == crate::lock::LOCK_NAME
-}
-
-fn is_data(name: &str) -> bool {
-    name == MANIFEST_NAME || (name.starts_with("shard_") && name.ends_with(".tar"))
-}
-
 fn list(dir: &Path) -> Result<Vec<String>> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
         .map_err(|e| Error::io(dir, e))?
@@ -102,7 +84,7 @@ fn list(dir: &Path) -> Result<Vec<String>> {
 }
 
 fn read_work_state(work: &Path) -> Option<WorkState> {
-    meta::read_json(&work.join(WORK_STATE)).ok()
+    format::read_json(&work.join(WORK_STATE)).ok()
 }
 
 /// Decide what to do with the output folder, clearing it when starting over.
@@ -119,8 +101,8 @@ pub fn prepare(output: &Path, work: &Path, recipe: &Recipe, overwrite: bool) -> 
         )));
     }
     let meta_path = output.join(META_NAME);
-    let existing: Option<Value> = if meta_path.exists() {
-        match meta::read_json::<Value>(&meta_path) {
+    let existing: Option<Metadata> = if meta_path.exists() {
+        match format::read_json::<Metadata>(&meta_path) {
             Ok(v) => Some(v),
             Err(_) if overwrite => None,
             Err(e) => return Err(e),
@@ -130,7 +112,7 @@ pub fn prepare(output: &Path, work: &Path, recipe: &Recipe, overwrite: bool) -> 
     };
     let work_state = read_work_state(work);
     let old: Option<Recipe> = match &existing {
-        Some(m) => m.get("recipe").and_then(|r| serde_json::from_value(r.clone()).ok()),
+        Some(m) => m.typed_recipe(),
         None => work_state.as_ref().map(|w| w.recipe.clone()),
     };
     let Some(old) = old else {
@@ -157,13 +139,13 @@ pub fn prepare(output: &Path, work: &Path, recipe: &Recipe, overwrite: bool) -> 
             old.differences(recipe).join("; ")
         )));
     }
-    if let Some(m) = existing.as_ref().filter(|m| m.get("status").and_then(Value::as_str) == Some("complete")) {
+    if let Some(m) = existing.as_ref().filter(|m| m.status == Status::Complete) {
         // A run killed after publishing the cache may have left its work folder or temporaries.
         remove_tree(work)?;
         for name in entries.iter().filter(|n| n.ends_with(".tmp")) {
             remove_tree(&output.join(name))?;
         }
-        return Ok(Start::Complete(m.clone()));
+        return Ok(Start::Complete(Box::new(m.clone())));
     }
     if let Some(w) = &work_state {
         let changed = changed_inputs(w)?;
@@ -198,7 +180,7 @@ fn changed_inputs(w: &WorkState) -> Result<Vec<String>> {
 /// Remove everything a build wrote (only our names: `prepare` refused foreign files).
 fn clear(output: &Path, work: &Path, entries: &[String]) -> Result<()> {
     // The lock file is the running build's own: removing it would let a second build in.
-    for name in entries.iter().filter(|n| *n != crate::lock::LOCK_NAME) {
+    for name in entries.iter().filter(|n| *n != crate::format::LOCK_NAME) {
         remove_tree(&output.join(name))?;
     }
     remove_tree(work)
@@ -225,7 +207,7 @@ pub fn init_work(work: &Path, recipe: &Recipe) -> Result<()> {
     remove_tree(work)?;
     std::fs::create_dir_all(work).map_err(|e| Error::io(work, e))?;
     let state = WorkState { recipe: recipe.clone(), inputs: stamps(recipe)? };
-    meta::write_atomic(&work.join(WORK_STATE), &meta::to_json_bytes(&state))
+    format::write_atomic(&work.join(WORK_STATE), &format::to_json_bytes(&state))
 }
 
 /// Remove the work folder at the end of a build, file by file (a run killed part-way leaves a
@@ -246,38 +228,31 @@ pub fn remove_work(work: &Path) -> Result<()> {
 }
 
 /// Complete lines of manifest.jsonl (a prefix of the final manifest while a build runs).
-pub fn manifest_prefix(output: &Path) -> Vec<meta::ManifestLine> {
+pub fn manifest_prefix(output: &Path) -> Vec<format::ManifestLine> {
     let Ok(bytes) = std::fs::read(output.join(MANIFEST_NAME)) else { return Vec::new() };
     let end = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-    bytes[..end]
-        .split(|&b| b == b'\n')
-        .filter(|l| !l.is_empty())
-        .map_while(|l| serde_json::from_slice(l).ok())
-        .collect()
+    bytes[..end].split(|&b| b == b'\n').filter(|l| !l.is_empty()).map_while(|l| serde_json::from_slice(l).ok()).collect()
 }
 
 /// Progress of a build (finished or not) in `output`, for `tokshuf status`.
 pub fn status(output: &Path, local_cell_dir: Option<&Path>) -> Result<Value> {
     let meta_path = output.join(META_NAME);
     let work = work_dir(output, local_cell_dir)?;
-    let (meta, recipe): (Value, Recipe) = if meta_path.exists() {
-        let m: Value = meta::read_json(&meta_path)?;
-        let r = m
-            .get("recipe")
-            .and_then(|r| serde_json::from_value(r.clone()).ok())
-            .ok_or_else(|| Error::corrupt(&meta_path, "no readable recipe"))?;
-        (m, r)
+    let (meta, recipe): (Option<Metadata>, Recipe) = if meta_path.exists() {
+        let m: Metadata = format::read_json(&meta_path)?;
+        let r = m.typed_recipe().ok_or_else(|| Error::corrupt(&meta_path, "no readable recipe"))?;
+        (Some(m), r)
     } else if let Some(w) = read_work_state(&work) {
-        (json!({"status": "starting"}), w.recipe)
+        (None, w.recipe)
     } else {
         return Err(Error::Config(format!("{}: no tokshuf build here (no {META_NAME})", output.display())));
     };
-    let status = meta.get("status").and_then(Value::as_str).unwrap_or("unknown").to_string();
+    let status = meta.as_ref().map_or("starting", |m| m.status.as_str());
     let complete = status == "complete";
     let nfiles = recipe.inputs.len();
     let files_done = if complete { nfiles } else { (0..nfiles).filter(|&f| stage1::summary_path(&work, f).exists()).count() };
     let shards = if output.exists() { list(output)?.iter().filter(|n| n.starts_with("shard_") && n.ends_with(".tar")).count() } else { 0 };
-    let stage = match status.as_str() {
+    let stage = match status {
         "starting" | "building" => "tokenize",
         "streaming" => "tokenize and write (streaming)",
         "writing" => "write",
@@ -292,8 +267,8 @@ pub fn status(output: &Path, local_cell_dir: Option<&Path>) -> Result<Value> {
         "files_total": nfiles,
         "chunks_written": shards,
         "chunks_listed": manifest_prefix(output).len(),
-        "chunks_planned": meta.get("num_chunks").cloned().unwrap_or(Value::Null),
-        "contexts_planned": meta.get("num_contexts").cloned().unwrap_or(Value::Null),
+        "chunks_planned": meta.as_ref().and_then(|m| m.num_chunks),
+        "contexts_planned": meta.as_ref().and_then(|m| m.num_contexts),
         "shuffle": recipe.shuffle,
         "work_dir": if work.exists() { json!(work.display().to_string()) } else { Value::Null },
     }))
@@ -306,9 +281,8 @@ mod tests {
     #[test]
     fn manifest_prefix_ignores_a_torn_last_line() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let line = |k: u64| {
-            format!(r#"{{"shard":"{}","num_sequences":4,"num_tokens":8,"bytes":3072,"sha256":"ab"}}"#, meta::shard_stem(k))
-        };
+        let line =
+            |k: u64| format!(r#"{{"shard":"{}","num_sequences":4,"num_tokens":8,"bytes":3072,"sha256":"ab"}}"#, format::shard_stem(k));
         let text = format!("{}\n{}\n{}", line(0), line(1), &line(2)[..20]);
         std::fs::write(dir.path().join(MANIFEST_NAME), text).expect("write");
         let lines = manifest_prefix(dir.path());
@@ -318,7 +292,8 @@ mod tests {
 
     #[test]
     fn only_our_names_are_ours() {
-        for name in ["tokshuf.json", "manifest.jsonl", ".tokshuf-work", "shard_00000003.tar", "shard_00000003.tar.tmp", "tokshuf.json.tmp"] {
+        for name in ["tokshuf.json", "manifest.jsonl", ".tokshuf-work", "shard_00000003.tar", "shard_00000003.tar.tmp", "tokshuf.json.tmp"]
+        {
             assert!(is_ours(name), "{name}");
         }
         for name in ["notes.txt", "data.tmp", "shard_1.npy", "tokshuf.jsonx"] {

@@ -226,7 +226,11 @@ impl Order {
             if j >= h {
                 (e.step - delta, e.size, self.deficit_prefix[j] - self.deficit_prefix[h])
             } else {
-                (e.step + self.period - delta, e.size, total_def - (self.deficit_prefix[h] - self.deficit_prefix[lo]) + (self.deficit_prefix[j] - self.deficit_prefix[lo]))
+                (
+                    e.step + self.period - delta,
+                    e.size,
+                    total_def - (self.deficit_prefix[h] - self.deficit_prefix[lo]) + (self.deficit_prefix[j] - self.deficit_prefix[lo]),
+                )
             }
         };
         // Number of the stream's shorts whose first context comes at or before k.
@@ -402,9 +406,7 @@ mod tests {
         for case in 0..300 {
             let n = 1 + rng.below(12);
             let cs = 1 + rng.below(6);
-            let sizes: Vec<u64> = (0..n)
-                .map(|_| if rng.below(3) == 0 { 1 + rng.below(cs) } else { cs })
-                .collect();
+            let sizes: Vec<u64> = (0..n).map(|_| if rng.below(3) == 0 { 1 + rng.below(cs) } else { cs }).collect();
             let r_star = [1, 2, 3, 4, 6, 8, 12, 64][rng.below(8) as usize];
             let opts = OrderOptions { ideal_readers: r_star, seed: case, reshuffle: case % 4 != 0 };
             let total: u64 = sizes.iter().sum();

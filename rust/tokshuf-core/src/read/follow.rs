@@ -30,11 +30,12 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::build::{MANIFEST_NAME, META_NAME};
-use crate::cache::{self, Cache, CacheMeta, ChunkEntry};
 use crate::error::{Error, Result};
-use crate::lock::{self, BuildState};
-use crate::order::{self, Loc, OrderOptions, Source};
+use crate::format::lock::{self, BuildState};
+use crate::format::{shard_path, Status};
+use crate::format::{MANIFEST_NAME, META_NAME};
+use crate::read::cache::{self, Cache, CacheMeta, ChunkEntry, Growing};
+use crate::read::order::{self, Loc, OrderOptions, Source};
 
 /// Longest sleep between two looks at the build.
 const MAX_POLL: Duration = Duration::from_millis(50);
@@ -42,7 +43,6 @@ const MAX_POLL: Duration = Duration::from_millis(50);
 /// What is known of the chunks so far.
 #[derive(Debug, Default)]
 struct Known {
-    status: String,
     /// `sizes` is the whole plan.
     plan_final: bool,
     complete: bool,
@@ -72,7 +72,6 @@ pub struct Follow {
     chunk_size: u64,
     /// tokshuf.json fields that must never change during the build.
     ident: Value,
-    pub plan_final_at_open: bool,
     known: Mutex<Known>,
     ready: Mutex<HashSet<u64>>,
 }
@@ -144,7 +143,12 @@ fn wait_for<T>(
 }
 
 impl Follow {
-    pub fn wait<T>(&self, cancel: &AtomicBool, what: &dyn Fn() -> String, attempt: &mut dyn FnMut(&Follow) -> Result<Option<T>>) -> Result<T> {
+    pub fn wait<T>(
+        &self,
+        cancel: &AtomicBool,
+        what: &dyn Fn() -> String,
+        attempt: &mut dyn FnMut(&Follow) -> Result<Option<T>>,
+    ) -> Result<T> {
         wait_for(&self.root, self.timeout, cancel, what, &mut || attempt(self))
     }
 
@@ -180,13 +184,13 @@ impl Follow {
         if ident(&meta) != self.ident {
             return Err(Error::corrupt(&meta_path, "changed while following the build (another build into the same folder?)"));
         }
-        let planned = meta.status == "writing" || meta.status == "complete";
+        let planned = meta.status.planned();
         let mut plan = None;
         let mut lines = Vec::new();
         let mut consumed = 0u64;
         if planned && !plan_final {
             plan = Some(plan_sizes(&meta_path, &meta)?);
-        } else if !planned && meta.status == "streaming" {
+        } else if !planned && meta.status == Status::Streaming {
             let mpath = self.root.join(MANIFEST_NAME);
             let mut text = Vec::new();
             match File::open(&mpath) {
@@ -208,7 +212,10 @@ impl Follow {
         }
         if let Some(sizes) = plan {
             if sizes.len() < nknown || sizes[..nknown] != k.sizes[..] {
-                return Err(Error::corrupt(&meta_path, "the chunk plan disagrees with the manifest lines read while the build was streaming"));
+                return Err(Error::corrupt(
+                    &meta_path,
+                    "the chunk plan disagrees with the manifest lines read while the build was streaming",
+                ));
             }
             for &s in &sizes[nknown..] {
                 k.push(s);
@@ -219,8 +226,7 @@ impl Follow {
             k.push(e.size);
         }
         k.manifest_off += consumed;
-        k.complete = meta.status == "complete";
-        k.status = meta.status;
+        k.complete = meta.status == Status::Complete;
         Ok(())
     }
 
@@ -250,6 +256,52 @@ impl Follow {
     }
 }
 
+impl Growing for Follow {
+    fn entry(&self, c: u64) -> Option<ChunkEntry> {
+        Follow::entry(self, c)
+    }
+
+    fn wait_chunk(&self, cache: &Cache, c: u64, cancel: &AtomicBool) -> Result<()> {
+        if self.is_ready(c) {
+            return Ok(());
+        }
+        self.wait(cancel, &|| format!("shard {}", shard_path(&cache.root, c).display()), &mut |f| {
+            if cache.entry(c).is_none() {
+                f.refresh()?;
+            }
+            let Some(entry) = cache.entry(c) else { return Ok(None) };
+            if !shard_path(&cache.root, c).exists() {
+                return Ok(None);
+            }
+            // Shards appear by rename with their final bytes: one that exists must pass.
+            cache.check_chunk(c, &entry)?;
+            f.set_ready(c);
+            Ok(Some(()))
+        })
+    }
+
+    fn wait_plan(&self, cancel: &AtomicBool) -> Result<Vec<u64>> {
+        Follow::wait_plan(self, cancel)
+    }
+
+    fn default_ideal_readers(&self, cancel: &AtomicBool) -> Result<u64> {
+        Follow::default_ideal_readers(self, cancel)
+    }
+
+    fn source(self: Arc<Self>, cache: Arc<Cache>, opts: OrderOptions, single_pass: bool) -> Arc<dyn Source> {
+        Arc::new(FollowSource::new(cache, self, opts, single_pass))
+    }
+}
+
+/// A follow-mode timeout given in seconds (None: wait as long as the build runs).
+pub fn timeout(seconds: Option<f64>) -> Result<Option<Duration>> {
+    match seconds {
+        None => Ok(None),
+        Some(t) if t.is_finite() && t >= 0.0 => Ok(Some(Duration::from_secs_f64(t))),
+        Some(t) => Err(Error::Config(format!("timeout={t}: expected a number of seconds >= 0 or None"))),
+    }
+}
+
 /// Open `root` for reading while its build runs. A complete cache opens as usual; a shuffled
 /// build waits for its chunk plan; a streaming one opens at once.
 pub fn open(root: &Path, check_files: bool, timeout: Option<Duration>, cancel: &AtomicBool) -> Result<Cache> {
@@ -260,15 +312,14 @@ pub fn open(root: &Path, check_files: bool, timeout: Option<Duration>, cancel: &
         }
         cache::read_meta(root, false).map(Some)
     })?;
-    if meta.status == "complete" {
+    if meta.status == Status::Complete {
         return Cache::open_with(root, check_files);
     }
-    let mut follow = Follow {
+    let follow = Follow {
         root: root.to_path_buf(),
         timeout,
         chunk_size: meta.chunk_size,
         ident: ident(&meta),
-        plan_final_at_open: false,
         known: Mutex::new(Known::default()),
         ready: Mutex::new(HashSet::new()),
     };
@@ -283,12 +334,12 @@ pub fn open(root: &Path, check_files: bool, timeout: Option<Duration>, cancel: &
             Vec::new()
         }
     };
-    follow.plan_final_at_open = !chunks.is_empty() || follow.lock_known().plan_final;
+    let plan_final = !chunks.is_empty() || follow.lock_known().plan_final;
     if follow.lock_known().complete {
         // Finished meanwhile: the usual open checks everything.
         return Cache::open_with(root, check_files);
     }
-    Ok(Cache::from_parts(root, meta, chunks, None, Some(follow)))
+    Ok(Cache::from_parts(root, meta, chunks, None, Some((Arc::new(follow), plan_final))))
 }
 
 /// Per-stream prefix sums over the chunks known so far (endless order while streaming).
@@ -304,6 +355,7 @@ struct Streams {
 /// serves what the known chunks determine, and becomes the usual source once the plan is final.
 pub struct FollowSource {
     cache: Arc<Cache>,
+    follow: Arc<Follow>,
     opts: OrderOptions,
     single_pass: bool,
     fin: OnceLock<Arc<dyn Source>>,
@@ -311,13 +363,20 @@ pub struct FollowSource {
 }
 
 impl FollowSource {
-    pub fn new(cache: Arc<Cache>, opts: OrderOptions, single_pass: bool) -> Self {
+    fn new(cache: Arc<Cache>, follow: Arc<Follow>, opts: OrderOptions, single_pass: bool) -> Self {
         let r = opts.ideal_readers.max(1) as usize;
-        FollowSource { cache, opts, single_pass, fin: OnceLock::new(), streams: Mutex::new(Streams { seen: 0, cum: vec![Vec::new(); r] }) }
+        FollowSource {
+            cache,
+            follow,
+            opts,
+            single_pass,
+            fin: OnceLock::new(),
+            streams: Mutex::new(Streams { seen: 0, cum: vec![Vec::new(); r] }),
+        }
     }
 
     fn follow(&self) -> Option<&Follow> {
-        self.cache.follow.as_ref()
+        Some(&self.follow)
     }
 
     /// The usual source, once the plan is final.
@@ -419,14 +478,14 @@ mod tests {
     /// A streaming build's folder: tokshuf.json "streaming" and the first `known` manifest lines.
     fn streaming_dir(dir: &Path, sizes: &[u64], known: usize, cs: u64) {
         let meta = serde_json::json!({
-            "format_version": crate::meta::FORMAT_VERSION, "status": "streaming", "seqlen": 4,
+            "format_version": crate::format::FORMAT_VERSION, "status": "streaming", "seqlen": 4,
             "dtype": "uint16", "format": "npy", "chunk_size": cs, "shuffle": false, "recipe": {},
         });
         std::fs::write(dir.join(META_NAME), meta.to_string()).unwrap();
         let lines: String = sizes[..known]
             .iter()
             .enumerate()
-            .map(|(c, s)| format!("{{\"shard\":\"{}\",\"num_sequences\":{s}}}\n", crate::meta::shard_stem(c as u64)))
+            .map(|(c, s)| format!("{{\"shard\":\"{}\",\"num_sequences\":{s}}}\n", crate::format::shard_stem(c as u64)))
             .collect();
         std::fs::write(dir.join(MANIFEST_NAME), lines + "{\"shard\":\"torn").unwrap();
     }
@@ -447,20 +506,20 @@ mod tests {
             let r_star = [1, 2, 3, 4, 7][rng.below(5) as usize];
             let opts = OrderOptions { ideal_readers: r_star, seed: case, reshuffle: true };
             let full = order::Order::new(&sizes, cs, opts);
-            let src = FollowSource::new(cache.clone(), opts, false);
-            let single = FollowSource::new(cache, opts, true);
+            let src = cache.source(opts, false).unwrap();
+            let single = cache.source(opts, true).unwrap();
             let total: u64 = sizes.iter().sum();
             let before_known: u64 = sizes[..known].iter().sum();
             for i in 0..3 * total + 10 {
                 let (r, k) = (i % r_star, i / r_star);
                 // Determined iff k falls inside stream r's chunks below `known`.
                 let stream_known: u64 = (r..known as u64).step_by(r_star as usize).map(|c| sizes[c as usize]).sum();
-                let got = src.locate_known(i);
+                let got = Some(src.locate(i)).filter(|l| l.chunk != u64::MAX);
                 assert_eq!(got.is_some(), k < stream_known, "case {case} i {i}");
                 if let Some(l) = got {
                     assert_eq!(l, full.locate(i), "case {case} i {i}");
                 }
-                let sp = single.locate_known(i);
+                let sp = Some(single.locate(i)).filter(|l| l.chunk != u64::MAX);
                 assert_eq!(sp.is_some(), i < before_known);
                 if let Some(l) = sp {
                     assert_eq!(l, order::SinglePass::new(&sizes).locate(i));

@@ -1,45 +1,16 @@
-//! Writing one chunk as a WebDataset tar (DESIGN §3).
-//!
-//! `npy` members all have the same header and size, and tar headers are plain ustar with
-//! mtime 0, uid/gid 0 and mode 0644, so member i of a chunk starts at byte `i * stride`.
+//! Writing one chunk as a WebDataset tar (DESIGN §3; the layout itself is `format::layout`).
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
-use crate::meta::{Dtype, Format};
-
-pub const TAR_BLOCK: u64 = 512;
-
-/// The NumPy format 1.0 header of a 1-D little-endian array of `len` ids, padded to 64 bytes.
-pub fn npy_header(dtype: Dtype, len: u64) -> Vec<u8> {
-    let dict = format!("{{'descr': '{}', 'fortran_order': False, 'shape': ({len},), }}", dtype.descr());
-    let unpadded = 10 + dict.len() + 1;
-    let total = unpadded.div_ceil(64) * 64;
-    let mut h = Vec::with_capacity(total);
-    h.extend_from_slice(b"\x93NUMPY\x01\x00");
-    h.extend_from_slice(&((total - 10) as u16).to_le_bytes());
-    h.extend_from_slice(dict.as_bytes());
-    h.resize(total - 1, b' ');
-    h.push(b'\n');
-    h
-}
-
-/// Byte distance between consecutive `npy` members of a chunk (header block + padded data).
-pub fn npy_stride(dtype: Dtype, seqlen: u64) -> u64 {
-    let data = npy_header(dtype, seqlen).len() as u64 + seqlen * dtype.size() as u64;
-    TAR_BLOCK + data.div_ceil(TAR_BLOCK) * TAR_BLOCK
-}
-
-pub fn member_name(chunk: u64, index: u64, format: Format) -> String {
-    match format {
-        Format::Npy => format!("{chunk:08}_{index:08}.npy"),
-        Format::JsonGz => format!("{chunk:08}_{index:08}.json.gz"),
-    }
-}
+use crate::format::{self, decode_ids, member_name, npy_header, Dtype, Format, ManifestLine};
+use crate::testhook;
 
 /// Writes members to a tar, hashing every byte on the way.
 pub struct ShardWriter {
@@ -110,16 +81,8 @@ impl ShardWriter {
         let HashingWriter { inner, hasher, bytes } = w;
         let f = inner.into_inner().map_err(|e| e.into_error())?;
         f.sync_all()?;
-        Ok((bytes, crate::tokenizer::hex(&hasher.finalize())))
+        Ok((bytes, crate::format::hex(&hasher.finalize())))
     }
-}
-
-pub fn decode_ids(dtype: Dtype, raw: &[u8]) -> impl Iterator<Item = u32> + '_ {
-    let size = dtype.size();
-    raw.chunks_exact(size).map(move |c| match size {
-        2 => u16::from_le_bytes([c[0], c[1]]) as u32,
-        _ => u32::from_le_bytes([c[0], c[1], c[2], c[3]]),
-    })
 }
 
 struct HashingWriter<W> {
@@ -146,19 +109,59 @@ pub fn file_sha256(path: &Path) -> Result<(u64, String)> {
     let mut f = File::open(path).map_err(|e| Error::io(path, e))?;
     let mut hasher = Sha256::new();
     let bytes = std::io::copy(&mut f, &mut hasher).map_err(|e| Error::io(path, e))?;
-    Ok((bytes, crate::tokenizer::hex(&hasher.finalize())))
+    Ok((bytes, crate::format::hex(&hasher.finalize())))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// What writing any shard of this cache needs.
+pub struct ShardSpec {
+    pub out: PathBuf,
+    pub format: Format,
+    pub dtype: Dtype,
+    pub seqlen: u64,
+    pub cancel: Arc<AtomicBool>,
+}
 
-    #[test]
-    fn npy_header_is_numpy_shaped() {
-        let h = npy_header(Dtype::Uint16, 2049);
-        assert_eq!(h.len() % 64, 0);
-        assert_eq!(h.len(), 128);
-        assert!(h.ends_with(b"\n"));
-        assert_eq!(npy_stride(Dtype::Uint16, 2049), 512 + 4608);
+impl ShardSpec {
+    pub fn context_bytes(&self) -> u64 {
+        self.seqlen * self.dtype.size() as u64
     }
+}
+
+/// Write chunk `chunk` of `n` contexts (`read(i, buf)` fills context i) through a temporary
+/// name; a shard a killed run finished is kept and only hashed.
+pub fn write_shard(
+    spec: &ShardSpec,
+    chunk: u64,
+    n: usize,
+    padding: u64,
+    mut read: impl FnMut(u64, &mut [u8]) -> Result<()>,
+) -> Result<ManifestLine> {
+    if spec.cancel.load(Ordering::Relaxed) {
+        return Err(Error::Interrupted);
+    }
+    let stem = format::shard_stem(chunk);
+    let path = spec.out.join(format!("{stem}.tar"));
+    let num_tokens = n as u64 * spec.seqlen - padding;
+    let (bytes, sha256) = if path.exists() {
+        file_sha256(&path)?
+    } else {
+        let tmp = format::tmp_name(&path);
+        let mut write = || -> Result<(u64, String)> {
+            let mut w = ShardWriter::create(&tmp, chunk, spec.format, spec.dtype, spec.seqlen)?;
+            let mut buf = vec![0u8; spec.context_bytes() as usize];
+            for i in 0..n as u64 {
+                read(i, &mut buf)?;
+                w.append(&buf).map_err(|e| Error::io(&tmp, e))?;
+            }
+            w.finish().map_err(|e| Error::io(&tmp, e))
+        };
+        let r = write().inspect_err(|_| {
+            let _ = std::fs::remove_file(&tmp);
+        })?;
+        testhook::point("stage2.tmp");
+        std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
+        testhook::point("stage2.shard");
+        r
+    };
+    Ok(ManifestLine { shard: stem, num_sequences: n as u64, num_tokens: Some(num_tokens), bytes: Some(bytes), sha256: Some(sha256) })
 }
