@@ -169,3 +169,63 @@ def test_store_failing_on_every_read_is_a_remote_error_even_when_skipping(s3: S3
     with pytest.raises(tokshuf.RemoteError, match=r"s3://.*corpus"):
         tokshuf.build_cache(s3.url("corpus"), tmp_path / "out", errors="skip", **OPTS)
     assert json.loads((tmp_path / "out" / "tokshuf.json").read_text())["status"] != "complete"
+
+
+# -- reading a cache in a store ---------------------------------------------------------------
+
+
+def shard_gets(proxy: Any) -> int:
+    return sum(1 for m, t, _ in proxy.log if m == "GET" and "shard_" in t)
+
+
+def batches(cache: tokshuf.Cache, n: int) -> List[bytes]:
+    r = tokshuf.Reader(cache, batch_size=8, seed=3, prefetch=0)
+    return [next(r).tobytes() for _ in range(n)]
+
+
+def test_remote_cache_gives_the_local_batches_cold_and_warm_within_budget(
+    s3: S3, tmp_path: Path, small_corpus: list
+) -> None:
+    local = tmp_path / "local"
+    tokshuf.build_cache(small_corpus, local, **OPTS)
+    sizes = [p.stat().st_size for p in local.glob("shard_*.tar")]
+    assert len(sizes) >= 4
+    url = s3.url("caches/r")
+    tokshuf._core._storage_publish(str(local), url)
+    n = 2 * len(tokshuf.Cache(local)) // 8  # two epochs: every shard read twice
+    want = batches(tokshuf.Cache(local), n)
+
+    # A budget of two shards: shards come and go, batches stay the same.
+    small = tmp_path / "small"
+    proxy = s3.faults(seed=0, rate=0.0)
+    assert batches(tokshuf.Cache(url, cache_dir=small, cache_limit=2 * max(sizes)), n) == want
+    held = sum(p.stat().st_size for p in small.rglob("shard_*.tar"))
+    assert 0 < held <= 2 * max(sizes)
+    assert shard_gets(proxy) > len(sizes)  # some were fetched again after eviction
+
+    # Room for all: the first reader downloads each shard once, a second one none.
+    roomy = tmp_path / "roomy"
+    proxy = s3.faults(seed=0, rate=0.0)
+    assert batches(tokshuf.Cache(url, cache_dir=roomy, cache_limit=10 * sum(sizes)), n) == want
+    assert shard_gets(proxy) == len(sizes)
+    proxy = s3.faults(seed=0, rate=0.0)
+    assert batches(tokshuf.Cache(url, cache_dir=roomy, cache_limit=10 * sum(sizes)), n) == want
+    assert shard_gets(proxy) == 0
+
+    # Under faults: the same batches.
+    s3.faults(seed=5, rate=0.3, kinds=("drop", "slowdown", "reset"), match=every_get)
+    assert batches(tokshuf.Cache(url, cache_dir=tmp_path / "faulty"), n) == want
+
+
+def test_remote_shard_altered_in_the_store_is_caught(s3: S3, tmp_path: Path, small_corpus: list) -> None:
+    local = tmp_path / "local"
+    tokshuf.build_cache(small_corpus, local, **OPTS)
+    url = s3.url("caches/s")
+    tokshuf._core._storage_publish(str(local), url)
+    data = bytearray((local / "shard_00000000.tar").read_bytes())
+    data[700] ^= 0xFF  # same size, other bytes: only the sha256 tells
+    s3.put("caches/s/shard_00000000.tar", bytes(data))
+    cache = tokshuf.Cache(url, cache_dir=tmp_path / "cc")
+    with pytest.raises(tokshuf.CacheCorruptError, match="sha256"):
+        cache[0]
+    assert not list((tmp_path / "cc").rglob("shard_00000000.tar*"))

@@ -99,8 +99,16 @@ class BlendSchedule:
 @final
 class Cache:
     def __new__(
-        cls, path: _StrPath, check_files: bool = True, follow: bool = False, timeout: Optional[float] = None
+        cls,
+        path: _StrPath,
+        check_files: bool = True,
+        follow: bool = False,
+        timeout: Optional[float] = None,
+        cache_dir: Optional[_StrPath] = None,
+        cache_limit: Optional[int] = None,
+        downloads: int = 4,
     ) -> Cache: ...
+    def prefetch_chunks(self, order: List[int]) -> None: ...
     @property
     def path(self) -> str: ...
     @property

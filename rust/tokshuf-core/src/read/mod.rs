@@ -8,4 +8,5 @@ mod members;
 pub mod order;
 pub(crate) mod per_process;
 pub mod reader;
+pub mod remote;
 pub mod validate;

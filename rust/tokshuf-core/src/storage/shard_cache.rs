@@ -86,6 +86,11 @@ impl ShardCache {
         &self.inner.dir
     }
 
+    /// The shard is on disk (this process's view).
+    pub fn holds(&self, name: &str) -> bool {
+        self.inner.shared().1.local.contains_key(name)
+    }
+
     /// Bytes of shards held on disk now (this process's view).
     pub fn used(&self) -> u64 {
         let (_, st) = self.inner.shared();
@@ -185,7 +190,7 @@ impl Inner {
         for ent in entries.flatten() {
             let name = ent.file_name().to_string_lossy().into_owned();
             let Ok(md) = ent.metadata() else { continue };
-            if !md.is_file() {
+            if !md.is_file() || !name.starts_with("shard_") {
                 continue;
             }
             if name.contains(".part.") {
