@@ -7,8 +7,10 @@ One run, same data both ways, ratios printed:
 - publishing a cache (whole-object uploads, multipart above one part) vs copying it locally;
 - fetching a cache's shards into a local shard cache, cold (every byte over the network)
   and warm (already on disk).
-Builds straight from s3:// inputs and reads through tokshuf.Cache("s3://...") are added here
-as they land (see docs/storage.md). moto is a Python server: its own speed bounds the S3 figures,
+- a build from s3:// inputs vs the same build from local files;
+- one epoch of tokshuf.Reader over the local cache, and over the published copy through
+  tokshuf.Cache("s3://...", cache_dir=...), cold (empty cache_dir) and warm.
+moto is a Python server: its own speed bounds the S3 figures,
 so they are a floor for a real endpoint, not a measurement of one.
 """
 
@@ -107,6 +109,32 @@ def main() -> None:
         print(
             f"publish cache:        {size / t_pub / 1e6:8.1f} MB/s to s3, {size / t_copy / 1e6:8.1f} MB/s local copy, "
             f"ratio {t_pub / t_copy:5.2f}x time"
+        )
+        t_s3build, _ = timed(
+            lambda: tokshuf.build_cache(
+                "s3://bench/in",
+                os.path.join(work, "from_s3"),
+                seqlen=args.seqlen,
+                chunk_size=args.chunk_size,
+                progress=False,
+            )
+        )
+        print(f"build from s3 inputs: {t_s3build:8.1f} s, ratio to local inputs {t_s3build / t_build:5.2f}x time")
+        n = len(tokshuf.Cache(cache))
+        steps = max(1, n // 64)
+
+        def read_all(c: tokshuf.Cache) -> None:
+            r = tokshuf.Reader(c, batch_size=64, seed=1)
+            for _ in range(steps):
+                next(r)
+
+        t_lread, _ = timed(lambda: read_all(tokshuf.Cache(cache)))
+        rc = os.path.join(work, "remote-cache")
+        t_cold, _ = timed(lambda: read_all(tokshuf.Cache("s3://bench/cache", cache_dir=rc)))
+        t_warm, _ = timed(lambda: read_all(tokshuf.Cache("s3://bench/cache", cache_dir=rc)))
+        print(
+            f"reader, one epoch:    local {n / t_lread:10.0f} ctx/s, remote cold {n / t_cold:10.0f} ctx/s, "
+            f"remote warm {n / t_warm:10.0f} ctx/s"
         )
         shards = sorted(os.path.basename(p) for p in glob.glob(os.path.join(cache, "shard_*.tar")))
         t_cold, _ = timed(lambda: [_core._storage_read(f"s3://bench/cache/{s}") for s in shards])

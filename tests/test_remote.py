@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, List
 
@@ -229,3 +231,30 @@ def test_remote_shard_altered_in_the_store_is_caught(s3: S3, tmp_path: Path, sma
     with pytest.raises(tokshuf.CacheCorruptError, match="sha256"):
         cache[0]
     assert not list((tmp_path / "cc").rglob("shard_00000000.tar*"))
+
+
+def test_cli_build_and_read_take_urls(s3: S3, tmp_path: Path, small_corpus: list) -> None:
+    upload_all(s3, small_corpus, "corpus")
+    tokshuf.build_cache(small_corpus, tmp_path / "local", **OPTS)
+
+    def cli(*args: str) -> str:
+        run = subprocess.run([sys.executable, "-m", "tokshuf", *args], capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr
+        return run.stdout
+
+    common = ["--seqlen", "64", "--chunk-size", "16", "--no-progress"]
+    cli(
+        "build",
+        "--input",
+        s3.url("corpus"),
+        "--output",
+        s3.url("caches/cli"),
+        "--local-cell-dir",
+        str(tmp_path / "s"),
+        *common,
+    )
+    assert json.loads(s3.get("caches/cli/tokshuf.json"))["status"] == "complete"
+    read = ["--batch-size", "8", "--steps", "5"]
+    # The same batch checksums (the header names the cache; its fingerprint covers the input names).
+    remote, local = (cli("read", c, *read).splitlines()[1:] for c in (s3.url("caches/cli"), str(tmp_path / "local")))
+    assert remote == local and len(remote) == 6
