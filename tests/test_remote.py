@@ -8,6 +8,7 @@ import gzip
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, List
 
@@ -258,3 +259,37 @@ def test_cli_build_and_read_take_urls(s3: S3, tmp_path: Path, small_corpus: list
     # The same batch checksums (the header names the cache; its fingerprint covers the input names).
     remote, local = (cli("read", c, *read).splitlines()[1:] for c in (s3.url("caches/cli"), str(tmp_path / "local")))
     assert remote == local and len(remote) == 6
+
+
+def test_remote_reader_fetches_ahead_in_its_exact_future_order(s3: S3, tmp_path: Path, small_corpus: list) -> None:
+    local = tmp_path / "local"
+    tokshuf.build_cache(small_corpus, local, **OPTS)
+    size = max(p.stat().st_size for p in local.glob("shard_*.tar"))
+    url = s3.url("caches/ahead")
+    tokshuf._core._storage_publish(str(local), url)
+    # Start in epoch 1, where chunks come in a reshuffled order, not manifest order.
+    start = len(tokshuf.Cache(local)) + 5
+    ref = tokshuf.Reader(tokshuf.Cache(local), batch_size=1, seed=3)
+    ahead: List[int] = []
+    for i in range(start, start + 4096):
+        c = ref.locate(i)[1]
+        if c not in ahead:
+            ahead.append(c)
+        if len(ahead) == 3:
+            break
+    assert ahead != sorted(ahead) or ahead[0] != 0
+    d = tmp_path / "cc"
+    r = tokshuf.Reader(tokshuf.Cache(url, cache_dir=d, cache_limit=3 * size), batch_size=1, seed=3, prefetch=0)
+    r.seek(example=start)
+    assert (
+        next(r).tobytes()
+        == tokshuf.Reader(tokshuf.Cache(local), batch_size=1, seed=3, start_step=start).__next__().tobytes()
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        have = sorted(p.name for p in d.rglob("shard_*"))
+        if len(have) == 3 and not any(".part." in h for h in have):
+            break
+        time.sleep(0.05)
+    # Exactly the next three shards of this reader's order are there: fetched ahead, in order.
+    assert have == sorted(f"shard_{c:08d}.tar" for c in ahead)

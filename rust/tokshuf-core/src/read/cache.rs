@@ -202,6 +202,11 @@ impl Cache {
         self.remote = Some((shards, wants));
     }
 
+    /// A cache in an object store (`read::remote`).
+    pub fn is_remote(&self) -> bool {
+        self.remote.is_some()
+    }
+
     /// A remote cache whose local copy of chunk `c` was evicted.
     fn evicted(&self, c: u64) -> bool {
         match &self.remote {

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::cache::Cache;
+use super::reader::BatchSpec;
 use crate::error::{Error, Result};
 use crate::format::{shard_stem, MANIFEST_NAME, META_NAME};
 use crate::storage::shard_cache::{cache_dir_for, ShardCache, Want};
@@ -54,4 +55,36 @@ pub fn open_remote(url: &str, cache_dir: &Path, limit: u64, parallel: usize) -> 
     let shards = ShardCache::new(root, dir, limit, parallel)?;
     cache.attach_remote(Arc::new(shards), wants);
     Ok(cache)
+}
+
+/// Examples of this rank looked at ahead, and distinct shards asked for, per call.
+const AHEAD_EXAMPLES: u64 = 4096;
+const AHEAD_SHARDS: usize = 16;
+
+/// Hand each remote cache of `spec` the shards this rank will read next, in the exact order
+/// it will first need them (from the order itself, DESIGN.md section 6), starting at the batch
+/// at example `first`. A no-op when no cache is remote.
+pub fn prefetch_ahead(spec: &BatchSpec, first: u64) {
+    if !spec.caches.iter().any(|c| c.is_remote()) {
+        return;
+    }
+    let mut order: Vec<Vec<u64>> = vec![Vec::new(); spec.caches.len()];
+    let mut seen = std::collections::HashSet::new();
+    let end = spec.source.num_examples().unwrap_or(u64::MAX).min(crate::read::reader::MAX_EXAMPLE);
+    let mut i = first.saturating_add(spec.rank);
+    for _ in 0..AHEAD_EXAMPLES {
+        if i >= end || seen.len() >= AHEAD_SHARDS {
+            break;
+        }
+        let l = spec.source.locate(i);
+        if seen.insert((l.component, l.chunk)) {
+            if let Some(o) = order.get_mut(l.component) {
+                o.push(l.chunk);
+            }
+        }
+        i = i.saturating_add(spec.world_size.max(1));
+    }
+    for (cache, chunks) in spec.caches.iter().zip(order) {
+        cache.prefetch_chunks(&chunks);
+    }
 }

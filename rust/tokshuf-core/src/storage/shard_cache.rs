@@ -59,7 +59,8 @@ struct State {
     failed: HashMap<String, String>,
     /// What `prefetch` asked for, in the order it will be needed.
     queue: VecDeque<Want>,
-    /// The next shards wanted, by position: not evicted to make room for later ones.
+    /// The next shards wanted, by position (the last `prefetch`, which the reader renews with
+    /// every batch, the shard in use first): not evicted to make room for later ones.
     protected: HashMap<String, usize>,
     workers: usize,
     tick: u64,
@@ -111,7 +112,6 @@ impl ShardCache {
                 match std::fs::metadata(&path) {
                     Ok(md) if md.len() == want.size => {
                         st.local.insert(want.name.clone(), (want.size, tick));
-                        st.protected.remove(&want.name);
                         return Ok(path);
                     }
                     Ok(_) => {
@@ -143,7 +143,6 @@ impl ShardCache {
         let tick = st.tick;
         if got.is_ok() {
             st.local.insert(want.name.clone(), (want.size, tick));
-            st.protected.remove(&want.name);
         }
         sh.changed.notify_all();
         got.map(|()| inner.dir.join(&want.name))
