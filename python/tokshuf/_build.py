@@ -10,6 +10,7 @@ from typing import Any, Dict, Iterable, Optional, Union
 
 from . import _core
 from ._inputs import PathLike, expand_inputs
+from ._remote import build_to_url, is_url
 
 DEFAULT_TOKENIZER = "tiktoken:r50k_base"
 
@@ -102,7 +103,8 @@ def build_cache(
     ``packing``: ``"concat"`` (documents run together, cut every ``seqlen`` ids) or
     ``"bestfit"`` (documents placed whole into padded contexts by best-fit decreasing over
     windows of ``pack_window`` documents, default 1024; only documents longer than ``seqlen``
-    are split; ``tail`` does not apply).
+    are split; ``tail`` does not apply). ``output`` may be an object-store URL
+    (``s3://BUCKET/PREFIX``...; docs/storage.md).
     """
     stats = run_build(**locals())
     if progress and sys.stderr.isatty():
@@ -113,6 +115,9 @@ def build_cache(
 def run_build(inputs: Union[PathLike, Iterable[PathLike]], output: PathLike, **options: Any) -> BuildStats:
     """``build_cache`` without printing its summary (the CLI prints it on stdout). The core
     checks every option."""
+    if is_url(output):
+        local, overwrite = options.pop("local_cell_dir", None), options.pop("overwrite", False)
+        return build_to_url(run_build, inputs, output, local, overwrite, **options)
     local = options.get("local_cell_dir")
     options["local_cell_dir"] = None if local is None else os.fspath(local)
     meta = json.loads(_core.build_cache(inputs=expand_inputs(inputs), output=os.fspath(output), **options))

@@ -35,21 +35,44 @@ class Cache:
     gives up after ``timeout`` seconds (None: no limit) with :class:`tokshuf.FollowTimeoutError`,
     and at once with :class:`tokshuf.BuildNotRunningError` when no build is running and the cache
     is not complete. On a complete cache ``follow=True`` changes nothing.
+
+    ``path`` may be an object-store URL (``s3://BUCKET/PREFIX``; docs/storage.md): whole shards
+    are downloaded into ``cache_dir`` (default: a folder in the system's temporary folder)
+    before use, checked against the manifest, and the least recently used are dropped to stay
+    within ``cache_limit`` bytes; a second open finds them there (warm).
     """
 
     def __init__(
-        self, path: PathLike, *, check_files: bool = True, follow: bool = False, timeout: Optional[float] = None
+        self,
+        path: PathLike,
+        *,
+        check_files: bool = True,
+        follow: bool = False,
+        timeout: Optional[float] = None,
+        cache_dir: Optional[PathLike] = None,
+        cache_limit: Optional[int] = None,
     ) -> None:
         self._path = os.fspath(path)
         self._check_files = bool(check_files)
         self._follow = bool(follow)
         self._timeout = None if timeout is None else float(timeout)
-        self._inner = _core.Cache(self._path, self._check_files, self._follow, self._timeout)
+        self._cache_dir = None if cache_dir is None else os.fspath(cache_dir)
+        self._cache_limit = cache_limit
+        self._inner = _core.Cache(
+            self._path, self._check_files, self._follow, self._timeout, self._cache_dir, self._cache_limit
+        )
         self._metadata: Dict[str, Any] = json.loads(self._inner.metadata_json)
 
     # Pickle by path: a DataLoader worker started with "spawn" reopens the cache.
     def __getstate__(self) -> Dict[str, Any]:
-        return {"path": self._path, "check_files": self._check_files, "follow": self._follow, "timeout": self._timeout}
+        return {
+            "path": self._path,
+            "check_files": self._check_files,
+            "follow": self._follow,
+            "timeout": self._timeout,
+            "cache_dir": self._cache_dir,
+            "cache_limit": self._cache_limit,
+        }
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self.__init__(
@@ -57,6 +80,8 @@ class Cache:
             check_files=state.get("check_files", True),  # type: ignore[misc]
             follow=state.get("follow", False),
             timeout=state.get("timeout"),
+            cache_dir=state.get("cache_dir"),
+            cache_limit=state.get("cache_limit"),
         )
 
     @property

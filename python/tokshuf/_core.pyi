@@ -19,6 +19,13 @@ __all__ = [
     "__version__",
     "_fast_char_classes",
     "_fast_pretokenize",
+    "_storage_delete",
+    "_storage_get_range",
+    "_storage_head",
+    "_storage_list",
+    "_storage_publish",
+    "_storage_put",
+    "_storage_read",
     "_tiktoken_data",
     "_tokenizer_json_path",
     "build_cache",
@@ -99,8 +106,16 @@ class BlendSchedule:
 @final
 class Cache:
     def __new__(
-        cls, path: _StrPath, check_files: bool = True, follow: bool = False, timeout: Optional[float] = None
+        cls,
+        path: _StrPath,
+        check_files: bool = True,
+        follow: bool = False,
+        timeout: Optional[float] = None,
+        cache_dir: Optional[_StrPath] = None,
+        cache_limit: Optional[int] = None,
+        downloads: int = 4,
     ) -> Cache: ...
+    def prefetch_chunks(self, order: List[int]) -> None: ...
     @property
     def path(self) -> str: ...
     @property
@@ -165,3 +180,27 @@ def _fast_pretokenize(pattern: str, engine_name: str, text: str) -> Optional[Lis
 def _fast_char_classes() -> List[Tuple[str, List[int]]]: ...
 def _tiktoken_data(name: str) -> bytes: ...
 def _tokenizer_json_path(spec: str) -> str: ...
+
+# Test-facing access to the storage layer (object stores and local paths); not public API.
+def _storage_list(pattern: str) -> List[Tuple[str, int]]:
+    """(URL or path, size) of every object under a prefix or matching a glob, sorted by key."""
+
+def _storage_read(url: str, decompress: bool = False) -> bytes:
+    """The whole object through the retrying streaming reader; ``decompress`` decodes
+    ``.gz`` (every member) and ``.zst``/``.zstd`` (every frame)."""
+
+def _storage_get_range(url: str, start: int, end: int) -> bytes:
+    """Bytes ``start..end`` of an object."""
+
+def _storage_put(path: str, url: str) -> None:
+    """Upload a local file as one whole object (multipart above one part, completed or aborted)."""
+
+def _storage_head(url: str) -> int:
+    """Size of an object; ``InputNotFoundError`` when there is none."""
+
+def _storage_delete(url: str) -> None:
+    """Delete an object; one already gone is fine."""
+
+def _storage_publish(local: str, url: str, overwrite: bool = False) -> Tuple[List[str], List[str]]:
+    """Upload a complete local cache: shards, manifest, then tokshuf.json last; skips shards
+    already there with the right size. Returns (uploaded, skipped) shard file names."""

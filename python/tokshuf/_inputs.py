@@ -10,6 +10,7 @@ from .exceptions import ConfigError, InputNotFoundError, TokshufIOError, Tokshuf
 
 PathLike = Union[str, "os.PathLike[str]"]
 SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".jsonl.zstd")
+URL_SCHEMES = ("s3://", "gs://", "az://")
 
 
 def is_input_name(name: str) -> bool:
@@ -38,7 +39,8 @@ def _walk(root: str) -> Iterable[str]:
 
 
 def expand_inputs(inputs: Union[PathLike, Iterable[PathLike]]) -> List[str]:
-    """Files, directories (recursive) and globs -> sorted list of input files.
+    """Files, directories (recursive), globs and object-store URLs (``s3://BUCKET/PREFIX``,
+    recursive, or with a glob on keys) -> sorted list of input files (full URLs for objects).
 
     A file reachable twice (given twice, through a directory and a symlink, or by a hard
     link) is read once.
@@ -48,7 +50,9 @@ def expand_inputs(inputs: Union[PathLike, Iterable[PathLike]]) -> List[str]:
     found: List[str] = []
     for item in inputs:
         item = os.fspath(item)
-        if os.path.isdir(item):
+        if item.startswith(URL_SCHEMES):
+            found.extend(_list_url(item))
+        elif os.path.isdir(item):
             files = list(_walk(item))
             if not files:
                 raise InputNotFoundError(f"{item}: directory holds no {', '.join(SUFFIXES)} files")
@@ -67,7 +71,9 @@ def expand_inputs(inputs: Union[PathLike, Iterable[PathLike]]) -> List[str]:
     if not found:
         raise ConfigError("no input files given")
     for path in sorted(found):
-        if not os.path.exists(path):  # only links found in a directory walk get here
+        if not path.startswith(URL_SCHEMES) and not os.path.exists(
+            path
+        ):  # only links found in a directory walk get here
             raise InputNotFoundError(f"{path}: a symbolic link to nothing (dangling, or a loop)")
     unique: dict = {}
     for path in sorted(found):
@@ -75,8 +81,24 @@ def expand_inputs(inputs: Union[PathLike, Iterable[PathLike]]) -> List[str]:
     return sorted(unique.values())
 
 
+def _list_url(url: str) -> List[str]:
+    """Input objects under a store prefix (recursively) or matching a glob on keys; a URL
+    naming one object is taken whatever its name, like a local file."""
+    from . import _core
+
+    listed = [u for u, _ in _core._storage_list(url)]
+    if listed == [url]:
+        return listed
+    inputs = [u for u in listed if is_input_name(u)]
+    if not inputs:
+        raise InputNotFoundError(f"{url}: no {', '.join(SUFFIXES)} objects under this prefix or matching this pattern")
+    return inputs
+
+
 def _identity(path: str) -> object:
     """The file behind ``path``: the same for symlinks and hard links to one file."""
+    if path.startswith(URL_SCHEMES):
+        return path
     try:
         st = os.stat(path)
         return (st.st_dev, st.st_ino)

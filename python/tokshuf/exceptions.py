@@ -35,6 +35,11 @@ class DiskFullError(TokshufIOError):
     """No space left on a device. Free space and run the same build again to resume."""
 
 
+class RemoteError(TokshufIOError):
+    """An object store kept failing (retries spent) or refused a request; the message names
+    the URL. Credentials never appear in it."""
+
+
 class TokenizerError(TokshufError, ValueError):
     """The tokenizer cannot be found, loaded or used as asked."""
 
@@ -70,6 +75,7 @@ __all__ = [
     "InputError",
     "InputNotFoundError",
     "OutputExistsError",
+    "RemoteError",
     "StateMismatchError",
     "TokenizerError",
     "TokshufError",

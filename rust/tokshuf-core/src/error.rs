@@ -35,6 +35,9 @@ pub enum Error {
     /// Follow mode: what the reader waits for did not appear within its timeout.
     #[error("{0}")]
     FollowTimeout(String),
+    /// An object store kept failing (retries spent) or refused a request.
+    #[error("{url}: {reason}")]
+    Remote { url: String, reason: String },
     /// The caller asked to stop (Ctrl-C).
     #[error("interrupted")]
     Interrupted,

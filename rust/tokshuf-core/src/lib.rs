@@ -26,6 +26,7 @@ pub mod error;
 pub mod format;
 pub mod hash;
 pub mod read;
+pub mod storage;
 pub mod testhook;
 pub mod tokenize;
 

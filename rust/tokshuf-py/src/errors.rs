@@ -17,6 +17,7 @@ pyo3::import_exception!(tokshuf.exceptions, CacheCorruptError);
 pyo3::import_exception!(tokshuf.exceptions, OutputExistsError);
 pyo3::import_exception!(tokshuf.exceptions, BuildNotRunningError);
 pyo3::import_exception!(tokshuf.exceptions, FollowTimeoutError);
+pyo3::import_exception!(tokshuf.exceptions, RemoteError);
 
 /// The Python exception for `err`, with the core's message.
 pub fn to_pyerr(err: Error) -> PyErr {
@@ -35,6 +36,7 @@ pub fn to_pyerr(err: Error) -> PyErr {
         Error::OutputExists(_) => OutputExistsError::new_err(msg),
         Error::BuildNotRunning(_) => BuildNotRunningError::new_err(msg),
         Error::FollowTimeout(_) => FollowTimeoutError::new_err(msg),
+        Error::Remote { .. } => RemoteError::new_err(msg),
         Error::Interrupted => PyKeyboardInterrupt::new_err("interrupted"),
     }
 }

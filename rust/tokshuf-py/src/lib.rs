@@ -9,6 +9,7 @@ mod inputs;
 mod options;
 mod reader;
 mod status;
+mod storage;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -137,5 +138,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     status::register(m)?;
     inputs::register(m)?;
     fasttok::register(m)?;
+    storage::register(m)?;
     Ok(())
 }

@@ -41,18 +41,41 @@ pub struct PyCache {
 impl PyCache {
     /// `follow`: open a cache whose build is still running (waits for what it needs, at most
     /// `timeout` seconds per wait; see tokshuf_core::read::follow).
+    /// A `path` that is an object-store URL opens a remote cache: shards are kept under
+    /// `cache_dir` within `cache_limit` bytes, `downloads` fetched at once.
     #[new]
-    #[pyo3(signature = (path, check_files=true, follow=false, timeout=None))]
-    fn new(py: Python<'_>, path: PathBuf, check_files: bool, follow: bool, timeout: Option<f64>) -> PyResult<Self> {
+    #[pyo3(signature = (path, check_files=true, follow=false, timeout=None, cache_dir=None, cache_limit=None, downloads=4))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        path: PathBuf,
+        check_files: bool,
+        follow: bool,
+        timeout: Option<f64>,
+        cache_dir: Option<PathBuf>,
+        cache_limit: Option<u64>,
+        downloads: usize,
+    ) -> PyResult<Self> {
         let timeout = tokshuf_core::read::follow::timeout(timeout).map_err(to_pyerr)?;
+        let url = path.to_str().filter(|s| tokshuf_core::storage::Location::is_url(s)).map(str::to_string);
         let inner = run_detached(py, move |cancel| {
-            if follow {
+            if let Some(url) = url {
+                if follow {
+                    return Err(tokshuf_core::Error::Config(format!("{url}: follow mode on a remote cache is not supported yet")));
+                }
+                let dir = cache_dir.unwrap_or_else(|| std::env::temp_dir().join("tokshuf-remote-cache"));
+                tokshuf_core::read::remote::open_remote(&url, &dir, cache_limit.unwrap_or(u64::MAX), downloads)
+            } else if follow {
                 tokshuf_core::read::follow::open(&path, check_files, timeout, &cancel)
             } else {
                 Cache::open_with(&path, check_files)
             }
         })?;
         Ok(PyCache { inner: Arc::new(inner) })
+    }
+    /// A remote cache: download these chunks ahead, in this order (no-op for a local cache).
+    fn prefetch_chunks(&self, order: Vec<u64>) {
+        self.inner.prefetch_chunks(&order);
     }
     /// Opened in follow mode on a build that was not complete yet.
     #[getter]

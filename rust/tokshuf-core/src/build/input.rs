@@ -17,6 +17,9 @@ use crate::error::{Error, Result, SkipReason};
 /// Open an input file, choosing the decoder from its name. A decoding failure names the
 /// compressed byte offset the decoder had reached (within one read buffer of the damage).
 pub fn open(path: &Path) -> Result<Box<dyn BufRead + Send>> {
+    if let Some(url) = path.to_str().filter(|s| crate::storage::Location::is_url(s)) {
+        return crate::storage::open_input(url);
+    }
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
     let md = file.metadata().map_err(|e| Error::io(path, e))?;
     if md.is_dir() {

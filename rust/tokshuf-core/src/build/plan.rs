@@ -38,6 +38,10 @@ pub fn recipe(opts: &BuildOptions, tok: &Tokenizer) -> Result<Recipe> {
     let inputs = paths
         .into_iter()
         .map(|path| {
+            if crate::storage::Location::is_url(&path) {
+                let bytes = crate::storage::input_size(&path)?;
+                return Ok(InputFile { path, bytes });
+            }
             let md = std::fs::metadata(&path).map_err(|e| Error::io(&path, e))?;
             if md.is_dir() {
                 return Err(Error::io(&path, std::io::Error::other("is a directory, not an input file")));

@@ -51,6 +51,10 @@ pub fn stamps(recipe: &Recipe) -> Result<Vec<InputStamp>> {
         .inputs
         .iter()
         .map(|f| {
+            if crate::storage::Location::is_url(&f.path) {
+                let bytes = crate::storage::input_size(&f.path)?;
+                return Ok(InputStamp { path: f.path.clone(), bytes, mtime_ns: 0 });
+            }
             let md = std::fs::metadata(&f.path).map_err(|e| Error::io(&f.path, e))?;
             let mtime_ns = md.modified().ok().and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map_or(0, |d| d.as_nanos() as u64);
             Ok(InputStamp { path: f.path.clone(), bytes: md.len(), mtime_ns })

@@ -274,6 +274,9 @@ impl Consume<'_> {
                         }
                     }
                     Done::Passthrough(Job::StreamError { line, error, .. }) => {
+                        if crate::storage::remote_error(&error).is_some() {
+                            return Err(crate::storage::unwrap_io(&crate::storage::Location::Local(paths[file].clone()), error));
+                        }
                         let w = writers.get_mut(&file).expect("inserted above");
                         let reason = format!("cannot decompress or read: {error}");
                         match cfg.errors {

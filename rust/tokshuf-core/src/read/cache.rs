@@ -78,6 +78,8 @@ pub struct Cache {
     stride: u64,
     npy_header: Vec<u8>,
     maps: PerProcess<Mutex<Maps>>,
+    /// A cache in an object store: shards are brought into `root` before they are mapped.
+    remote: Option<(Arc<crate::storage::shard_cache::ShardCache>, Vec<crate::storage::shard_cache::Want>)>,
 }
 
 impl std::fmt::Debug for Cache {
@@ -159,6 +161,36 @@ impl Cache {
             final_plan,
             growing,
             maps: PerProcess::new(),
+            remote: None,
+        }
+    }
+
+    /// Serve shards through `shards` (see `read::remote`); `wants[c]` describes chunk c.
+    pub(crate) fn attach_remote(
+        &mut self,
+        shards: Arc<crate::storage::shard_cache::ShardCache>,
+        wants: Vec<crate::storage::shard_cache::Want>,
+    ) {
+        self.remote = Some((shards, wants));
+    }
+
+    /// A cache in an object store (`read::remote`).
+    pub fn is_remote(&self) -> bool {
+        self.remote.is_some()
+    }
+
+    /// A remote cache whose local copy of chunk `c` was evicted.
+    fn evicted(&self, c: u64) -> bool {
+        match &self.remote {
+            Some((shards, wants)) => wants.get(c as usize).is_some_and(|w| !shards.holds(&w.name)),
+            None => false,
+        }
+    }
+
+    /// A remote cache: download these chunks ahead, in this order, as the budget allows.
+    pub fn prefetch_chunks(&self, order: &[u64]) {
+        if let Some((shards, wants)) = &self.remote {
+            shards.prefetch(order.iter().filter_map(|&c| wants.get(c as usize).cloned()).collect());
         }
     }
 
@@ -254,8 +286,17 @@ impl Cache {
 
     fn mapped(&self, c: u64) -> Result<Arc<Mapped>> {
         let maps = self.maps.get(|| Mutex::new(Maps::default()));
-        if let Some(m) = maps.lock().unwrap_or_else(|e| e.into_inner()).by_chunk.get(&c) {
-            return Ok(m.clone());
+        {
+            let mut g = maps.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(m) = g.by_chunk.get(&c) {
+                if !self.evicted(c) {
+                    return Ok(m.clone());
+                }
+                // A remote shard dropped from the local cache: unmap it so its disk space is
+                // given back, and bring it in again.
+                g.by_chunk.remove(&c);
+                g.fifo.retain(|&x| x != c);
+            }
         }
         // Map outside the lock: other threads keep reading other chunks meanwhile.
         let fresh = Arc::new(self.map_chunk(c)?);
@@ -276,6 +317,11 @@ impl Cache {
     fn map_chunk(&self, c: u64) -> Result<Mapped> {
         let path = shard_path(&self.root, c);
         let entry = &self.entry(c).ok_or_else(|| Error::corrupt(&path, format!("chunk {c} is not in the cache's plan or manifest")))?;
+        if let Some((shards, wants)) = &self.remote {
+            if let Some(w) = wants.get(c as usize) {
+                shards.get(w)?;
+            }
+        }
         let f = File::open(&path).map_err(|e| Error::corrupt(&path, format!("cannot open shard: {e}")))?;
         let len = f.metadata().map_err(|e| Error::io(&path, e))?.len();
         // SAFETY: shards are immutable once renamed into place; a file truncated behind our back

@@ -6,6 +6,7 @@ pub mod cache;
 pub mod follow;
 mod members;
 pub mod order;
-mod per_process;
+pub(crate) mod per_process;
 pub mod reader;
+pub mod remote;
 pub mod validate;

@@ -159,6 +159,7 @@ impl BatchSpec {
     /// `assemble`, waiting (follow mode) for the chunks it needs; `cancel` stops the wait.
     pub fn assemble_wait(&self, first: u64, cancel: &AtomicBool) -> Result<(usize, Batch)> {
         self.check(first)?;
+        super::remote::prefetch_ahead(self, first);
         let full = first.saturating_add(self.batch_size);
         let stop = match self.source.wait_len(full, cancel)? {
             Some(n) => {

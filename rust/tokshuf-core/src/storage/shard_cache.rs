@@ -1,0 +1,418 @@
+//! A local cache of whole shards of a remote cache, within a byte budget (DESIGN.md section 10).
+//!
+//! The reader knows the exact order in which it will need shards, so it hands that order to
+//! `prefetch` and shards are downloaded ahead, a bounded number at once, as far as the budget
+//! allows. `get` returns the local path of a shard, downloading it on the spot if it is not
+//! there yet. A download is written under a temporary name, checked against the manifest
+//! (size, and sha256 when the manifest has one) and only then renamed into place, so nothing
+//! partial or altered is ever used. Eviction drops the least recently used shard that is not
+//! among the next ones wanted; a mapped shard that is evicted stays readable (unlinking does not
+//! unmap it).
+//!
+//! Fork safety: the bookkeeping lives in a `PerProcess` slot; a forked child starts from the
+//! files on disk, without the parent's download threads.
+
+use std::collections::{HashMap, VecDeque};
+use std::fs::File;
+use std::io::{BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+use sha2::{Digest, Sha256};
+
+use super::Location;
+use crate::error::{Error, Result};
+use crate::read::per_process::PerProcess;
+
+/// One shard as the manifest describes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Want {
+    /// File name in the cache (`shard_00000007.tar`).
+    pub name: String,
+    pub size: u64,
+    pub sha256: Option<String>,
+}
+
+/// Shards of the remote cache at `root` kept in `dir`.
+pub struct ShardCache {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    root: Location,
+    dir: PathBuf,
+    limit: u64,
+    parallel: usize,
+    slot: PerProcess<Shared>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct State {
+    /// Shards on disk and verified: size and last use.
+    local: HashMap<String, (u64, u64)>,
+    downloading: HashMap<String, u64>,
+    failed: HashMap<String, String>,
+    /// What `prefetch` asked for, in the order it will be needed.
+    queue: VecDeque<Want>,
+    /// The next shards wanted, by position (the last `prefetch`, which the reader renews with
+    /// every batch, the shard in use first): not evicted to make room for later ones.
+    protected: HashMap<String, usize>,
+    workers: usize,
+    tick: u64,
+    scanned: bool,
+}
+
+impl State {
+    fn used(&self) -> u64 {
+        self.local.values().map(|v| v.0).sum::<u64>() + self.downloading.values().sum::<u64>()
+    }
+}
+
+/// How many of the next wanted shards are protected from eviction.
+const PROTECT: usize = 64;
+
+impl ShardCache {
+    /// `dir` should be specific to one remote cache and its contents (see `cache_dir_for`).
+    pub fn new(root: Location, dir: PathBuf, limit: u64, parallel: usize) -> Result<ShardCache> {
+        std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        Ok(ShardCache { inner: Arc::new(Inner { root, dir, limit, parallel: parallel.max(1), slot: PerProcess::new() }) })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    /// The shard is on disk (this process's view).
+    pub fn holds(&self, name: &str) -> bool {
+        self.inner.shared().1.local.contains_key(name)
+    }
+
+    /// Bytes of shards held on disk now (this process's view).
+    pub fn used(&self) -> u64 {
+        let (_, st) = self.inner.shared();
+        st.local.values().map(|v| v.0).sum()
+    }
+
+    /// The local path of `want`, fetched and checked first if need be (blocking).
+    pub fn get(&self, want: &Want) -> Result<PathBuf> {
+        let inner = &self.inner;
+        let (sh, mut st) = inner.shared();
+        loop {
+            st.tick += 1;
+            let tick = st.tick;
+            if st.local.contains_key(&want.name) {
+                // Another process sharing the folder may have evicted it, or an old run left a
+                // file of another size: use it only if it is there, whole.
+                let path = inner.dir.join(&want.name);
+                match std::fs::metadata(&path) {
+                    Ok(md) if md.len() == want.size => {
+                        st.local.insert(want.name.clone(), (want.size, tick));
+                        return Ok(path);
+                    }
+                    Ok(_) => {
+                        let _ = std::fs::remove_file(&path);
+                        st.local.remove(&want.name);
+                    }
+                    Err(_) => {
+                        st.local.remove(&want.name);
+                    }
+                }
+            }
+            if let Some(why) = st.failed.remove(&want.name) {
+                return Err(Error::Remote { url: inner.root.join(&want.name).to_string(), reason: why });
+            }
+            if !st.downloading.contains_key(&want.name) {
+                break;
+            }
+            st = sh.changed.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        // Not here and nobody fetching it: fetch it on this thread, making room even if that
+        // evicts protected shards (this one is needed now).
+        inner.make_room(&mut st, want.size, true);
+        st.downloading.insert(want.name.clone(), want.size);
+        drop(st);
+        let got = inner.download(want);
+        let mut st = lock(&sh.state);
+        st.downloading.remove(&want.name);
+        st.tick += 1;
+        let tick = st.tick;
+        if got.is_ok() {
+            st.local.insert(want.name.clone(), (want.size, tick));
+        }
+        sh.changed.notify_all();
+        got.map(|()| inner.dir.join(&want.name))
+    }
+
+    /// Fetch `order` ahead, in that order, as far as the budget allows; replaces the previous
+    /// order. Returns at once: downloads run on up to `parallel` background threads.
+    pub fn prefetch(&self, order: Vec<Want>) {
+        let (sh, mut st) = self.inner.shared();
+        st.protected = order.iter().take(PROTECT).enumerate().map(|(i, w)| (w.name.clone(), i)).collect();
+        st.queue = order.into_iter().filter(|w| !st.local.contains_key(&w.name)).collect();
+        let spawn = self.inner.parallel.saturating_sub(st.workers).min(st.queue.len());
+        st.workers += spawn;
+        drop(st);
+        for _ in 0..spawn {
+            let inner = self.inner.clone();
+            let started = std::thread::Builder::new().name("tokshuf-fetch".into()).spawn(move || inner.work());
+            if started.is_err() {
+                let mut st = lock(&sh.state);
+                st.workers -= 1;
+            }
+        }
+    }
+}
+
+fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Inner {
+    fn shared(&self) -> (&Shared, MutexGuard<'_, State>) {
+        let sh = self.slot.get(|| Shared { state: Mutex::new(State::default()), changed: Condvar::new() });
+        let mut st = lock(&sh.state);
+        if !st.scanned {
+            st.scanned = true;
+            self.scan(&mut st);
+        }
+        (sh, st)
+    }
+
+    /// Adopt the shards a previous run left (warm start); drop leftovers of interrupted ones.
+    fn scan(&self, st: &mut State) {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else { return };
+        for ent in entries.flatten() {
+            let name = ent.file_name().to_string_lossy().into_owned();
+            let Ok(md) = ent.metadata() else { continue };
+            if !md.is_file() || !name.starts_with("shard_") {
+                continue;
+            }
+            if name.contains(".part.") {
+                // Another live process may be writing it; only ours are known dead. Files of
+                // dead processes are removed when their pid is not running.
+                if let Some(pid) = name.rsplit('.').next().and_then(|p| p.parse::<i32>().ok()) {
+                    // SAFETY: signal 0 only checks that the process exists.
+                    if unsafe { libc::kill(pid, 0) } != 0 {
+                        let _ = std::fs::remove_file(ent.path());
+                    }
+                }
+                continue;
+            }
+            st.local.insert(name, (md.len(), 0));
+        }
+    }
+
+    /// Evict shards until `need` more bytes fit: the least recently used of those not wanted
+    /// soon; when `urgent`, then the wanted one needed last. Returns whether it fits.
+    fn make_room(&self, st: &mut State, need: u64, urgent: bool) -> bool {
+        while st.used() + need > self.limit {
+            let victim = st
+                .local
+                .iter()
+                .filter_map(|(n, v)| match st.protected.get(n) {
+                    None => Some(((0u8, v.1), n)),
+                    Some(&pos) if urgent => Some(((1u8, u64::MAX - pos as u64), n)),
+                    Some(_) => None,
+                })
+                .min()
+                .map(|(_, n)| n.clone());
+            let Some(v) = victim else { return false };
+            st.local.remove(&v);
+            let _ = std::fs::remove_file(self.dir.join(&v));
+        }
+        true
+    }
+
+    /// A background downloader: take the next wanted shard that fits, until none is left.
+    fn work(self: Arc<Self>) {
+        let (sh, mut st) = self.shared();
+        loop {
+            let next = loop {
+                let Some(w) = st.queue.pop_front() else { break None };
+                if st.local.contains_key(&w.name) || st.downloading.contains_key(&w.name) {
+                    continue;
+                }
+                if !self.make_room(&mut st, w.size, false) {
+                    // The budget is full of shards needed sooner: stop until asked again.
+                    st.queue.push_front(w);
+                    break None;
+                }
+                break Some(w);
+            };
+            let Some(w) = next else {
+                st.workers -= 1;
+                sh.changed.notify_all();
+                return;
+            };
+            st.downloading.insert(w.name.clone(), w.size);
+            drop(st);
+            let got = self.download(&w);
+            st = lock(&sh.state);
+            st.downloading.remove(&w.name);
+            st.tick += 1;
+            let tick = st.tick;
+            match got {
+                Ok(()) => {
+                    st.local.insert(w.name.clone(), (w.size, tick));
+                }
+                Err(e) => {
+                    st.failed.insert(w.name.clone(), e.to_string());
+                }
+            }
+            sh.changed.notify_all();
+        }
+    }
+
+    /// Stream one shard to a temporary file, check it, rename it into place.
+    fn download(&self, want: &Want) -> Result<()> {
+        let src = self.root.join(&want.name);
+        let dest = self.dir.join(&want.name);
+        let tmp = self.dir.join(format!("{}.part.{}", want.name, std::process::id()));
+        let result = (|| {
+            let mut r = super::open(&src)?;
+            let file = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+            let mut w = BufWriter::with_capacity(1 << 20, file);
+            let mut hash = Sha256::new();
+            let mut buf = vec![0u8; 1 << 20];
+            let mut n = 0u64;
+            loop {
+                let k = r.read(&mut buf).map_err(|e| super::unwrap_io(&src, e))?;
+                if k == 0 {
+                    break;
+                }
+                if want.sha256.is_some() {
+                    hash.update(&buf[..k]);
+                }
+                w.write_all(&buf[..k]).map_err(|e| Error::io(&tmp, e))?;
+                n += k as u64;
+            }
+            w.flush().map_err(|e| Error::io(&tmp, e))?;
+            if n != want.size {
+                return Err(Error::corrupt(PathBuf::from(src.to_string()), format!("{n} bytes, the manifest says {}", want.size)));
+            }
+            if let Some(expect) = &want.sha256 {
+                let got = format!("{:x}", hash.finalize());
+                if !got.eq_ignore_ascii_case(expect) {
+                    return Err(Error::corrupt(
+                        PathBuf::from(src.to_string()),
+                        format!("sha256 {got} differs from the manifest's {expect}"),
+                    ));
+                }
+            }
+            std::fs::rename(&tmp, &dest).map_err(|e| Error::io(&dest, e))
+        })();
+        if result.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        result
+    }
+}
+
+/// The folder under `cache_dir` for one remote cache: named by a hash of its URL and its
+/// manifest, so a rebuilt cache at the same URL never reuses stale shards.
+pub fn cache_dir_for(cache_dir: &Path, url: &str, manifest: &[u8]) -> PathBuf {
+    let mut h = Sha256::new();
+    h.update(url.as_bytes());
+    h.update([0]);
+    h.update(manifest);
+    let hex = format!("{:x}", h.finalize());
+    cache_dir.join(&hex[..24])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn remote(dir: &Path, shards: &[(&str, usize)]) -> Vec<Want> {
+        std::fs::create_dir_all(dir).unwrap();
+        shards
+            .iter()
+            .map(|(name, size)| {
+                let salt: usize = name.bytes().map(usize::from).sum();
+                let data: Vec<u8> = (0..*size).map(|i| (i * 31 + salt) as u8).collect();
+                std::fs::write(dir.join(name), &data).unwrap();
+                Want { name: name.to_string(), size: *size as u64, sha256: Some(format!("{:x}", Sha256::digest(&data))) }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn fetches_checks_and_stays_within_budget() {
+        let t = tempfile::tempdir().unwrap();
+        let wants = remote(&t.path().join("remote"), &[("a.tar", 1000), ("b.tar", 1000), ("c.tar", 1000)]);
+        let cache = ShardCache::new(Location::Local(t.path().join("remote")), t.path().join("local"), 2500, 2).unwrap();
+        for w in wants.iter().chain(wants.iter()) {
+            let p = cache.get(w).unwrap();
+            assert_eq!(std::fs::read(&p).unwrap(), std::fs::read(t.path().join("remote").join(&w.name)).unwrap());
+            assert!(cache.used() <= 2500);
+        }
+        // A wrong size or hash in the manifest: an error, nothing left behind.
+        let mut bad = wants[0].clone();
+        bad.name = "c.tar".into();
+        let cache2 = ShardCache::new(Location::Local(t.path().join("remote")), t.path().join("local2"), 1 << 20, 1).unwrap();
+        assert!(matches!(cache2.get(&bad), Err(Error::Corrupt { .. })));
+        assert_eq!(std::fs::read_dir(t.path().join("local2")).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn prefetch_in_order_then_warm() {
+        let t = tempfile::tempdir().unwrap();
+        let names: Vec<(String, usize)> = (0..8).map(|i| (format!("shard_{i:08}.tar"), 500 + i)).collect();
+        let refs: Vec<(&str, usize)> = names.iter().map(|(n, s)| (n.as_str(), *s)).collect();
+        let wants = remote(&t.path().join("remote"), &refs);
+        let root = Location::Local(t.path().join("remote"));
+        let cache = ShardCache::new(root.clone(), t.path().join("local"), 1 << 20, 3).unwrap();
+        cache.prefetch(wants.clone());
+        for w in &wants {
+            cache.get(w).unwrap();
+        }
+        // Another instance (a later run) finds them on disk and downloads nothing.
+        std::fs::remove_dir_all(t.path().join("remote")).unwrap();
+        let warm = ShardCache::new(root, t.path().join("local"), 1 << 20, 3).unwrap();
+        for w in &wants {
+            warm.get(w).unwrap();
+        }
+        assert_eq!(warm.used(), wants.iter().map(|w| w.size).sum::<u64>());
+    }
+
+    #[test]
+    fn prefetch_stops_at_the_budget() {
+        let t = tempfile::tempdir().unwrap();
+        let names: Vec<(String, usize)> = (0..6).map(|i| (format!("s{i}.tar"), 1000)).collect();
+        let refs: Vec<(&str, usize)> = names.iter().map(|(n, s)| (n.as_str(), *s)).collect();
+        let wants = remote(&t.path().join("remote"), &refs);
+        let cache = ShardCache::new(Location::Local(t.path().join("remote")), t.path().join("local"), 3000, 2).unwrap();
+        cache.prefetch(wants.clone());
+        // Wait for the downloaders to stop.
+        for _ in 0..500 {
+            let idle = cache.inner.shared().1.workers == 0;
+            if idle {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        // Exactly the first three (the next wanted) are there; nothing was evicted for later ones.
+        let mut have: Vec<String> =
+            std::fs::read_dir(t.path().join("local")).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        have.sort();
+        assert_eq!(have, vec!["s0.tar", "s1.tar", "s2.tar"]);
+        // Reading on evicts the oldest to make room.
+        for w in &wants {
+            cache.get(w).unwrap();
+            assert!(cache.used() <= 3000);
+        }
+    }
+
+    #[test]
+    fn dir_names_follow_url_and_manifest() {
+        let base = Path::new("/c");
+        assert_ne!(cache_dir_for(base, "s3://b/x", b"m1"), cache_dir_for(base, "s3://b/x", b"m2"));
+        assert_ne!(cache_dir_for(base, "s3://b/x", b"m1"), cache_dir_for(base, "s3://b/y", b"m1"));
+        assert_eq!(cache_dir_for(base, "s3://b/x", b"m1"), cache_dir_for(base, "s3://b/x", b"m1"));
+    }
+}

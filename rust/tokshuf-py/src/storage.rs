@@ -1,0 +1,81 @@
+//! Test-facing access to the storage layer (`tokshuf_core::storage`), so Python tests can
+//! drive it against a loopback S3 server. Not public API: the names start with `_storage`.
+
+use std::io::Read;
+use std::path::PathBuf;
+
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use tokshuf_core::storage::{self, Location};
+
+use crate::to_pyerr;
+
+/// `[(url_or_path, size), ...]` under a prefix or matching a glob, sorted by key.
+#[pyfunction]
+fn _storage_list(py: Python<'_>, pattern: String) -> PyResult<Vec<(String, u64)>> {
+    py.detach(|| storage::list(&pattern)).map(|v| v.into_iter().map(|e| (e.location.to_string(), e.size)).collect()).map_err(to_pyerr)
+}
+
+/// The whole object read through the streaming reader; `decompress` wraps it in the
+/// decoder its name asks for (multi-member gzip, multi-frame zstd).
+#[pyfunction]
+#[pyo3(signature = (url, decompress=false))]
+fn _storage_read<'py>(py: Python<'py>, url: String, decompress: bool) -> PyResult<Bound<'py, PyBytes>> {
+    let data = py
+        .detach(|| -> tokshuf_core::Result<Vec<u8>> {
+            let loc = Location::parse(&url)?;
+            let mut r = storage::open(&loc)?;
+            if decompress {
+                r = storage::decoder(&loc.file_name(), r)?;
+            }
+            let mut out = Vec::new();
+            r.read_to_end(&mut out).map_err(|e| storage::unwrap_io(&loc, e))?;
+            Ok(out)
+        })
+        .map_err(to_pyerr)?;
+    Ok(PyBytes::new(py, &data))
+}
+
+/// Bytes `start..end` of an object.
+#[pyfunction]
+fn _storage_get_range<'py>(py: Python<'py>, url: String, start: u64, end: u64) -> PyResult<Bound<'py, PyBytes>> {
+    let data = py.detach(|| storage::get_range(&Location::parse(&url)?, start..end)).map_err(to_pyerr)?;
+    Ok(PyBytes::new(py, &data))
+}
+
+/// Upload a local file as the whole object `url`.
+#[pyfunction]
+fn _storage_put(py: Python<'_>, path: PathBuf, url: String) -> PyResult<()> {
+    py.detach(|| storage::put_file(&path, &Location::parse(&url)?)).map_err(to_pyerr)
+}
+
+/// Size of an object (`InputNotFoundError` when there is none).
+#[pyfunction]
+fn _storage_head(py: Python<'_>, url: String) -> PyResult<u64> {
+    py.detach(|| storage::head(&Location::parse(&url)?)).map_err(to_pyerr)
+}
+
+/// Delete an object (one already gone is fine).
+#[pyfunction]
+fn _storage_delete(py: Python<'_>, url: String) -> PyResult<()> {
+    py.detach(|| storage::delete(&Location::parse(&url)?)).map_err(to_pyerr)
+}
+
+/// Upload the complete local cache `local` to `url` (shards, then manifest, then tokshuf.json
+/// last); returns (uploaded, skipped) shard names.
+#[pyfunction]
+#[pyo3(signature = (local, url, overwrite=false))]
+fn _storage_publish(py: Python<'_>, local: PathBuf, url: String, overwrite: bool) -> PyResult<(Vec<String>, Vec<String>)> {
+    py.detach(|| storage::publish::publish(&local, &Location::parse(&url)?, overwrite)).map(|p| (p.uploaded, p.skipped)).map_err(to_pyerr)
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(_storage_list, m)?)?;
+    m.add_function(wrap_pyfunction!(_storage_read, m)?)?;
+    m.add_function(wrap_pyfunction!(_storage_get_range, m)?)?;
+    m.add_function(wrap_pyfunction!(_storage_put, m)?)?;
+    m.add_function(wrap_pyfunction!(_storage_head, m)?)?;
+    m.add_function(wrap_pyfunction!(_storage_delete, m)?)?;
+    m.add_function(wrap_pyfunction!(_storage_publish, m)?)
+}

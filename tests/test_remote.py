@@ -1,0 +1,295 @@
+"""Builds and caches in an object store (DESIGN.md section 10), against the loopback S3 server:
+a build whose output is s3:// gives the same bytes as the same build on local disk, survives
+faults, and resumes after a failed upload without redoing what is already there."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, List
+
+import pytest
+import tokshuf
+from support.corpus import make_docs, three_files
+from support.s3 import S3, every_get, uploads
+
+OPTS = dict(seqlen=64, chunk_size=16, progress=False)
+
+
+def same_cache(s3: S3, prefix: str, local: Path) -> None:
+    """Every file of the local cache is an identical object under ``prefix`` (tokshuf.json: but
+    for the run's own ``build`` figures), and nothing else is there."""
+    names = sorted(p.name for p in local.iterdir() if p.is_file() and not p.name.startswith("."))
+    assert sorted(k.rsplit("/", 1)[1] for k in s3.keys(prefix + "/")) == names
+    for name in names:
+        got = s3.get(f"{prefix}/{name}")
+        if name == "tokshuf.json":
+            a, b = json.loads(got), json.loads((local / name).read_bytes())
+            a.pop("build"), b.pop("build")
+            assert a == b
+        else:
+            assert got == (local / name).read_bytes(), name
+
+
+def test_build_to_s3_equals_the_local_build(s3: S3, tmp_path: Path, small_corpus: list) -> None:
+    local = tmp_path / "local"
+    tokshuf.build_cache(small_corpus, local, **OPTS)
+    stats = tokshuf.build_cache(small_corpus, s3.url("caches/a"), local_cell_dir=tmp_path / "scratch", **OPTS)
+    assert stats.output == s3.url("caches/a")
+    assert json.loads(s3.get("caches/a/tokshuf.json"))["status"] == "complete"
+    same_cache(s3, "caches/a", local)
+    # The staging copy is gone once published; scratch stays on local disk only.
+    assert not any((tmp_path / "scratch").glob("tokshuf-staging-*"))
+
+
+def test_build_to_s3_under_upload_faults(s3: S3, tmp_path: Path, small_corpus: list) -> None:
+    local = tmp_path / "local"
+    tokshuf.build_cache(small_corpus, local, **OPTS)
+    proxy = s3.faults(seed=7, rate=0.3, match=uploads)
+    tokshuf.build_cache(small_corpus, s3.url("caches/b"), local_cell_dir=tmp_path / "scratch", **OPTS)
+    assert sum(n for f, n in proxy.faults.items() if f != "ok") > 0
+    s3.no_faults()
+    same_cache(s3, "caches/b", local)
+
+
+def test_failed_upload_resumes_and_skips_what_is_there(s3: S3, tmp_path: Path, small_corpus: list) -> None:
+    local = tmp_path / "local"
+    tokshuf.build_cache(small_corpus, local, **OPTS)
+    shards = sorted(p.name for p in local.glob("shard_*.tar"))
+    assert len(shards) >= 4
+    url = s3.url("caches/c")
+    s3.faults(every=True, kinds=("slowdown",), match=lambda m, t: m == "PUT" and shards[2] in t)
+    with pytest.raises(tokshuf.RemoteError, match=shards[2].replace(".", r"\.")):
+        tokshuf.build_cache(small_corpus, url, local_cell_dir=tmp_path / "scratch", **OPTS)
+    # Nothing claims to be complete; the staging copy waits for the next run.
+    assert json.loads(s3.get("caches/c/tokshuf.json"))["status"] == "building"
+    assert "caches/c/manifest.jsonl" not in s3.keys("caches/c/")
+    assert any((tmp_path / "scratch").glob("tokshuf-staging-*"))
+    proxy = s3.faults(seed=0, rate=0.0)
+    tokshuf.build_cache(small_corpus, url, local_cell_dir=tmp_path / "scratch", **OPTS)
+    put_shards = sorted({t.split("?")[0].rsplit("/", 1)[1] for m, t, _ in proxy.log if m == "PUT" and "shard_" in t})
+    assert put_shards == shards[2:]
+    same_cache(s3, "caches/c", local)
+
+
+def test_another_cache_at_the_url_is_not_overwritten(s3: S3, tmp_path: Path, small_corpus: list) -> None:
+    url = s3.url("caches/d")
+    tokshuf.build_cache(small_corpus, url, local_cell_dir=tmp_path / "scratch", **OPTS)
+    with pytest.raises(tokshuf.OutputExistsError):
+        tokshuf.build_cache(small_corpus, url, local_cell_dir=tmp_path / "scratch", seed=5, **OPTS)
+    tokshuf.build_cache(small_corpus, url, local_cell_dir=tmp_path / "scratch", seed=5, overwrite=True, **OPTS)
+    assert json.loads(s3.get("caches/d/tokshuf.json"))["seed"] == 5
+
+
+# -- inputs in a store ------------------------------------------------------------------------
+
+
+def multi_member_inputs(root: Path) -> List[Path]:
+    """The three small files plus a multi-member gzip and a multi-frame zstd file."""
+    zstandard = pytest.importorskip("zstandard")
+    files = three_files(root)
+    docs = [make_docs(30, s) for s in (11, 12, 13)]
+    lines = [("".join(json.dumps({"text": d}) + "\n" for d in part)).encode() for part in docs]
+    gz = root / "d.jsonl.gz"
+    gz.write_bytes(b"".join(gzip.compress(x, mtime=0) for x in lines))
+    zst = root / "e.jsonl.zst"
+    zst.write_bytes(b"".join(zstandard.ZstdCompressor().compress(x) for x in lines))
+    return sorted([*files, gz, zst])
+
+
+def upload_all(s3: S3, files: List[Path], prefix: str) -> None:
+    for f in files:
+        s3.put(f"{prefix}/{f.name}", f.read_bytes())
+
+
+def same_except_input_names(a: Path, b: Path) -> None:
+    """Two local caches: identical shards and manifest; tokshuf.json equal but for the input
+    names (and the run's own ``build`` figures)."""
+    names = sorted(p.name for p in a.iterdir() if p.is_file())
+    assert names == sorted(p.name for p in b.iterdir() if p.is_file())
+    for n in names:
+        if n != "tokshuf.json":
+            assert (a / n).read_bytes() == (b / n).read_bytes(), n
+    ma, mb = (json.loads((d / "tokshuf.json").read_text()) for d in (a, b))
+    assert strip_names(ma) == strip_names(mb)
+
+
+def strip_names(meta: Any) -> Any:
+    """tokshuf.json without ``build`` and with input paths cut to their file names."""
+    if isinstance(meta, dict):
+        return {k: strip_names(v) for k, v in meta.items() if k != "build"}
+    if isinstance(meta, list):
+        return [strip_names(v) for v in meta]
+    if isinstance(meta, str) and ("/" in meta) and meta.endswith((".jsonl", ".gz", ".zst")):
+        return meta.rsplit("/", 1)[1]
+    return meta
+
+
+def test_build_from_s3_inputs_equals_the_local_build(s3: S3, tmp_path: Path) -> None:
+    files = multi_member_inputs(tmp_path / "in")
+    upload_all(s3, files, "corpus/part1")
+    tokshuf.build_cache(files, tmp_path / "local", **OPTS)
+    stats = tokshuf.build_cache(s3.url("corpus"), tmp_path / "remote", **OPTS)
+    assert [f["path"] for f in stats.metadata["inputs"]] == [s3.url(f"corpus/part1/{f.name}") for f in files]
+    same_except_input_names(tmp_path / "local", tmp_path / "remote")
+    # Every member and frame was read: the multi-member files count all their documents.
+    assert stats.num_documents == json.loads((tmp_path / "local" / "tokshuf.json").read_text())["num_documents"]
+
+
+def test_build_from_s3_into_s3_under_faults(s3: S3, tmp_path: Path) -> None:
+    files = multi_member_inputs(tmp_path / "in")
+    upload_all(s3, files, "corpus")
+    tokshuf.build_cache(files, tmp_path / "local", **OPTS)
+    proxy = s3.faults(seed=21, rate=0.3, kinds=("drop", "slowdown", "reset"))
+    tokshuf.build_cache(s3.url("corpus/*.jsonl*"), s3.url("caches/x"), local_cell_dir=tmp_path / "scratch", **OPTS)
+    assert sum(n for f, n in proxy.faults.items() if f != "ok") > 0
+    s3.no_faults()
+    got = tmp_path / "got"
+    got.mkdir()
+    for key in s3.keys("caches/x/"):
+        (got / key.rsplit("/", 1)[1]).write_bytes(s3.get(key))
+    same_except_input_names(tmp_path / "local", got)
+
+
+def test_mixed_local_and_s3_inputs_in_sorted_order(s3: S3, tmp_path: Path) -> None:
+    files = three_files(tmp_path / "in")
+    upload_all(s3, files[1:], "corpus")
+    stats = tokshuf.build_cache([s3.url("corpus"), files[0]], tmp_path / "out", **OPTS)
+    names = [f["path"] for f in stats.metadata["inputs"]]
+    assert names == sorted([str(files[0]), *(s3.url(f"corpus/{f.name}") for f in files[1:])])
+    with pytest.raises(tokshuf.InputNotFoundError, match="nothing"):
+        tokshuf.build_cache(s3.url("nothing/"), tmp_path / "none", **OPTS)
+
+
+def test_store_failing_on_every_read_is_a_remote_error_even_when_skipping(s3: S3, tmp_path: Path) -> None:
+    files = three_files(tmp_path / "in")
+    upload_all(s3, files, "corpus")
+    s3.faults(every=True, kinds=("slowdown",), match=every_get)
+    with pytest.raises(tokshuf.RemoteError, match=r"s3://.*corpus"):
+        tokshuf.build_cache(s3.url("corpus"), tmp_path / "out", errors="skip", **OPTS)
+    assert json.loads((tmp_path / "out" / "tokshuf.json").read_text())["status"] != "complete"
+
+
+# -- reading a cache in a store ---------------------------------------------------------------
+
+
+def shard_gets(proxy: Any) -> int:
+    return sum(1 for m, t, _ in proxy.log if m == "GET" and "shard_" in t)
+
+
+def batches(cache: tokshuf.Cache, n: int) -> List[bytes]:
+    r = tokshuf.Reader(cache, batch_size=8, seed=3, prefetch=0)
+    return [next(r).tobytes() for _ in range(n)]
+
+
+def test_remote_cache_gives_the_local_batches_cold_and_warm_within_budget(
+    s3: S3, tmp_path: Path, small_corpus: list
+) -> None:
+    local = tmp_path / "local"
+    tokshuf.build_cache(small_corpus, local, **OPTS)
+    sizes = [p.stat().st_size for p in local.glob("shard_*.tar")]
+    assert len(sizes) >= 4
+    url = s3.url("caches/r")
+    tokshuf._core._storage_publish(str(local), url)
+    n = 2 * len(tokshuf.Cache(local)) // 8  # two epochs: every shard read twice
+    want = batches(tokshuf.Cache(local), n)
+
+    # A budget of two shards: shards come and go, batches stay the same.
+    small = tmp_path / "small"
+    proxy = s3.faults(seed=0, rate=0.0)
+    assert batches(tokshuf.Cache(url, cache_dir=small, cache_limit=2 * max(sizes)), n) == want
+    held = sum(p.stat().st_size for p in small.rglob("shard_*.tar"))
+    assert 0 < held <= 2 * max(sizes)
+    assert shard_gets(proxy) > len(sizes)  # some were fetched again after eviction
+
+    # Room for all: the first reader downloads each shard once, a second one none.
+    roomy = tmp_path / "roomy"
+    proxy = s3.faults(seed=0, rate=0.0)
+    assert batches(tokshuf.Cache(url, cache_dir=roomy, cache_limit=10 * sum(sizes)), n) == want
+    assert shard_gets(proxy) == len(sizes)
+    proxy = s3.faults(seed=0, rate=0.0)
+    assert batches(tokshuf.Cache(url, cache_dir=roomy, cache_limit=10 * sum(sizes)), n) == want
+    assert shard_gets(proxy) == 0
+
+    # Under faults: the same batches.
+    s3.faults(seed=5, rate=0.3, kinds=("drop", "slowdown", "reset"), match=every_get)
+    assert batches(tokshuf.Cache(url, cache_dir=tmp_path / "faulty"), n) == want
+
+
+def test_remote_shard_altered_in_the_store_is_caught(s3: S3, tmp_path: Path, small_corpus: list) -> None:
+    local = tmp_path / "local"
+    tokshuf.build_cache(small_corpus, local, **OPTS)
+    url = s3.url("caches/s")
+    tokshuf._core._storage_publish(str(local), url)
+    data = bytearray((local / "shard_00000000.tar").read_bytes())
+    data[700] ^= 0xFF  # same size, other bytes: only the sha256 tells
+    s3.put("caches/s/shard_00000000.tar", bytes(data))
+    cache = tokshuf.Cache(url, cache_dir=tmp_path / "cc")
+    with pytest.raises(tokshuf.CacheCorruptError, match="sha256"):
+        cache[0]
+    assert not list((tmp_path / "cc").rglob("shard_00000000.tar*"))
+
+
+def test_cli_build_and_read_take_urls(s3: S3, tmp_path: Path, small_corpus: list) -> None:
+    upload_all(s3, small_corpus, "corpus")
+    tokshuf.build_cache(small_corpus, tmp_path / "local", **OPTS)
+
+    def cli(*args: str) -> str:
+        run = subprocess.run([sys.executable, "-m", "tokshuf", *args], capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr
+        return run.stdout
+
+    common = ["--seqlen", "64", "--chunk-size", "16", "--no-progress"]
+    cli(
+        "build",
+        "--input",
+        s3.url("corpus"),
+        "--output",
+        s3.url("caches/cli"),
+        "--local-cell-dir",
+        str(tmp_path / "s"),
+        *common,
+    )
+    assert json.loads(s3.get("caches/cli/tokshuf.json"))["status"] == "complete"
+    read = ["--batch-size", "8", "--steps", "5"]
+    # The same batch checksums (the header names the cache; its fingerprint covers the input names).
+    remote, local = (cli("read", c, *read).splitlines()[1:] for c in (s3.url("caches/cli"), str(tmp_path / "local")))
+    assert remote == local and len(remote) == 6
+
+
+def test_remote_reader_fetches_ahead_in_its_exact_future_order(s3: S3, tmp_path: Path, small_corpus: list) -> None:
+    local = tmp_path / "local"
+    tokshuf.build_cache(small_corpus, local, **OPTS)
+    size = max(p.stat().st_size for p in local.glob("shard_*.tar"))
+    url = s3.url("caches/ahead")
+    tokshuf._core._storage_publish(str(local), url)
+    # Start in epoch 1, where chunks come in a reshuffled order, not manifest order.
+    start = len(tokshuf.Cache(local)) + 5
+    ref = tokshuf.Reader(tokshuf.Cache(local), batch_size=1, seed=3)
+    ahead: List[int] = []
+    for i in range(start, start + 4096):
+        c = ref.locate(i)[1]
+        if c not in ahead:
+            ahead.append(c)
+        if len(ahead) == 3:
+            break
+    assert ahead != sorted(ahead) or ahead[0] != 0
+    d = tmp_path / "cc"
+    r = tokshuf.Reader(tokshuf.Cache(url, cache_dir=d, cache_limit=3 * size), batch_size=1, seed=3, prefetch=0)
+    r.seek(example=start)
+    assert (
+        next(r).tobytes()
+        == tokshuf.Reader(tokshuf.Cache(local), batch_size=1, seed=3, start_step=start).__next__().tobytes()
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        have = sorted(p.name for p in d.rglob("shard_*"))
+        if len(have) == 3 and not any(".part." in h for h in have):
+            break
+        time.sleep(0.05)
+    # Exactly the next three shards of this reader's order are there: fetched ahead, in order.
+    assert have == sorted(f"shard_{c:08d}.tar" for c in ahead)
