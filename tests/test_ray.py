@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 import tokshuf
@@ -126,3 +128,153 @@ def test_core_package_never_imports_ray(tmp_path: Path) -> None:
         "assert 'ray' not in sys.modules, 'ray imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+# --- builds on the cluster: the same bytes as one machine --------------------------------------
+
+SAMPLE = Path(__file__).parent / "data" / "sample"
+NEOX = str(Path(__file__).parent / "data" / "gpt-neox-20b.json")
+CL100K = "tiktoken:cl100k_base"
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> List[Path]:
+    """Seven small input files (one gzip, one holding a single short document) cut from the
+    sample corpus: enough files and chunks for several tasks per stage."""
+    root = tmp_path_factory.mktemp("corpus")
+    lines = (SAMPLE / "kjv.jsonl").read_text().splitlines(keepends=True)
+    lines += (SAMPLE / "wordnet.jsonl").read_text().splitlines(keepends=True)
+    files = []
+    for k in range(6):
+        part = "".join(lines[k::6]).encode()
+        path = root / (f"part{k}.jsonl.gz" if k == 2 else f"part{k}.jsonl")
+        path.write_bytes(gzip.compress(part, mtime=0) if k == 2 else part)
+        files.append(path)
+    files.append(root / "tiny.jsonl")
+    files[-1].write_text(json.dumps({"text": "In the beginning."}) + "\n")
+    return files
+
+
+def local_build(inputs: List[Path], out: Path, **opts: Any) -> Dict[str, Any]:
+    return tokshuf.build_cache(inputs, out, progress=False, threads=1, **opts).metadata
+
+
+def ray_build(inputs: List[Path], out: Path, options: Optional[_ray.RayOptions] = None, **opts: Any) -> Dict[str, Any]:
+    """A Ray build through the engine's own entry, to choose task sizes."""
+    args = dict(
+        inputs=[str(p) for p in sorted(inputs)],
+        output=str(out),
+        tokenizer=opts.pop("tokenizer", tokshuf.DEFAULT_TOKENIZER),
+        seqlen=opts.pop("seqlen", 2049),
+        chunk_size=opts.pop("chunk_size", 8192),
+        num_local_cells=opts.pop("num_local_cells", None),
+        local_cell_dir=None,
+        seed=opts.pop("seed", 0),
+        text_key="text",
+        format=opts.pop("format", "npy"),
+        tail=opts.pop("tail", "stitch"),
+        eot_id=None,
+        pad_id=None,
+        bos=False,
+        bos_id=None,
+        allow_special_tokens=False,
+        shuffle=opts.pop("shuffle", True),
+        memory_limit=1 << 30,
+        errors=opts.pop("errors", "raise"),
+        overwrite=opts.pop("overwrite", False),
+    )
+    assert not opts, opts
+    return _ray.build(args, options or _ray.RayOptions(cpus_per_task=1), progress=False)
+
+
+def assert_same_cache(a: Path, b: Path) -> None:
+    """Every file byte-identical, tokshuf.json but its `build` key."""
+    names = sorted(p.name for p in a.iterdir())
+    assert names == sorted(p.name for p in b.iterdir())
+    assert "manifest.jsonl" in names and any(n.endswith(".tar") for n in names)
+    for name in names:
+        if name == "tokshuf.json":
+            ma, mb = (json.loads((d / name).read_text()) for d in (a, b))
+            ma.pop("build"), mb.pop("build")
+            assert ma == mb
+            assert (a / name).read_bytes().count(b"\n") > 0
+        else:
+            assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+
+RECIPES = [
+    pytest.param(dict(tokenizer=NEOX, format="npy", tail="stitch", shuffle=True), (1, 3), id="neox-npy-stitch-shuffled"),
+    pytest.param(dict(tokenizer=NEOX, format="json.gz", tail="pad", shuffle=False), (2, 1), id="neox-json-pad-ordered"),
+    pytest.param(dict(tokenizer=CL100K, format="npy", tail="pad", shuffle=True), (1, 1), id="cl100k-npy-pad-shuffled"),
+    pytest.param(dict(tokenizer=CL100K, format="json.gz", tail="stitch", shuffle=False), (3, 4), id="cl100k-json-stitch-ordered"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("recipe", "sizes"), RECIPES)
+def test_ray_build_is_byte_identical_to_local(
+    cluster: LocalCluster, corpus: List[Path], tmp_path: Path, recipe: Dict[str, Any], sizes: Tuple[int, int]
+) -> None:
+    opts = dict(recipe, seqlen=128, chunk_size=32, num_local_cells=5, seed=7)
+    want = local_build(corpus, tmp_path / "local", **opts)
+    files_per_task, chunks_per_task = sizes
+    # task_bytes of 1 puts each file in its own task; larger groups take several.
+    task_bytes = 1 if files_per_task == 1 else sum(p.stat().st_size for p in corpus[:files_per_task])
+    options = _ray.RayOptions(cpus_per_task=1, task_bytes=task_bytes, chunks_per_task=chunks_per_task)
+    got = ray_build(corpus, tmp_path / "ray", options, **opts)
+    assert_same_cache(tmp_path / "local", tmp_path / "ray")
+    assert want["num_chunks"] > 4
+    b = got["build"]
+    assert (b["engine"], b["nodes"], b["cpus"], b["retries"]) == ("ray", 3, 3, 0)
+    assert b["tasks"]["tokenize"] >= len(corpus) // files_per_task
+    assert b["tasks"]["write"] == -(-want["num_chunks"] // chunks_per_task)
+    assert set(b["durations"]) == {"connect_s", "tokenize_s", "plan_s", "write_s"}
+    # Run again: the complete cache is confirmed, not rebuilt.
+    assert ray_build(corpus, tmp_path / "ray", options, **opts)["build"] == b
+
+
+@pytest.mark.slow
+def test_public_api_and_cli_run_on_the_cluster(cluster: LocalCluster, corpus: List[Path], tmp_path: Path) -> None:
+    opts = dict(tokenizer=CL100K, seqlen=256, chunk_size=16)
+    local_build(corpus, tmp_path / "local", **opts)
+    stats = tokshuf.build_cache(corpus, tmp_path / "api", progress=False, engine="ray", ray_address=cluster.address, **opts)
+    assert stats.metadata["build"]["engine"] == "ray"
+    assert_same_cache(tmp_path / "local", tmp_path / "api")
+    cmd = [sys.executable, "-m", "tokshuf", "build", "--engine", "ray", "--ray-address", cluster.address]
+    cmd += ["--output", str(tmp_path / "cli"), "--tokenizer", CL100K, "--seqlen", "256", "--chunk-size", "16"]
+    cmd += [a for p in corpus for a in ("--input", str(p))]
+    subprocess.run(cmd, check=True, timeout=300, capture_output=True)
+    assert_same_cache(tmp_path / "local", tmp_path / "cli")
+
+
+@pytest.mark.slow
+def test_bad_line_same_error_and_same_skips(cluster: LocalCluster, corpus: List[Path], tmp_path: Path) -> None:
+    bad = tmp_path / "in" / "bad.jsonl"
+    bad.parent.mkdir()
+    bad.write_text(json.dumps({"text": "fine"}) + "\n" + '{"text": "cut\n' + json.dumps({"text": "after"}) + "\n")
+    inputs = [*corpus, bad]
+    opts = dict(seqlen=128, chunk_size=32)
+    with pytest.raises(InputError) as local_err:
+        local_build(inputs, tmp_path / "local", **opts)
+    with pytest.raises(InputError) as ray_err:
+        ray_build(inputs, tmp_path / "ray", _ray.RayOptions(cpus_per_task=1, task_bytes=1), **opts)
+    assert str(ray_err.value) == str(local_err.value)
+    assert f"{bad}:2" in str(ray_err.value)
+    want = local_build(inputs, tmp_path / "local-skip", errors="skip", **opts)
+    got = ray_build(inputs, tmp_path / "ray-skip", _ray.RayOptions(cpus_per_task=1, task_bytes=1), errors="skip", **opts)
+    assert got["skipped"] == want["skipped"] and sum(want["skipped"].values()) == 1
+    assert_same_cache(tmp_path / "local-skip", tmp_path / "ray-skip")
+
+
+@pytest.mark.slow
+def test_failed_tasks_are_retried_to_the_same_bytes(
+    cluster: LocalCluster, corpus: List[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    opts = dict(tokenizer=NEOX, seqlen=128, chunk_size=32, num_local_cells=3)
+    local_build(corpus, tmp_path / "local", **opts)
+    options = _ray.RayOptions(cpus_per_task=1, task_bytes=1, chunks_per_task=2)
+    for fault in ("stage1:3", "stage2:1"):
+        monkeypatch.setenv(_ray.FAULT_ENV, fault)
+        got = ray_build(corpus, tmp_path / fault.replace(":", "-"), options, **opts)
+        assert got["build"]["retries"] == 1
+        assert_same_cache(tmp_path / "local", tmp_path / fault.replace(":", "-"))

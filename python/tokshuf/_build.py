@@ -88,6 +88,8 @@ def build_cache(
     progress: bool = True,
     overwrite: bool = False,
     tokenizer_backend: str = "auto",
+    engine: str = "local",
+    ray_address: Optional[str] = None,
 ) -> BuildStats:
     """Tokenize jsonl corpora into a shuffled WebDataset cache (see README and DESIGN.md).
 
@@ -100,6 +102,11 @@ def build_cache(
     manifest.jsonl) while the input files are still being tokenized. ``tokenizer_backend``: ``"auto"`` (the
     fast backend where it is exact for this tokenizer, else the reference), ``"fast"``
     (an error where it cannot be used) or ``"reference"``; the ids are the same.
+
+    ``engine="ray"`` runs the build as tasks on a Ray cluster (``pip install "tokshuf[ray]"``;
+    docs/distributed.md): ``ray_address`` ``"auto"`` (default) joins the running cluster, else
+    starts a local one; ``threads`` is then the CPUs (and threads) of each task. The cache is
+    byte-identical to ``engine="local"``'s but for tokshuf.json's ``build``.
     """
     for name, value in (("seqlen", seqlen), ("chunk_size", chunk_size)):
         if not isinstance(value, int) or value < 1:
@@ -110,34 +117,66 @@ def build_cache(
         raise ConfigError(f"threads must be positive, not {threads!r}")
     if not 0 <= seed < 2**64:
         raise ConfigError(f"seed must be in [0, 2**64), not {seed!r}")
+    if engine not in ("local", "ray"):
+        raise ConfigError(f"engine must be 'local' or 'ray', not {engine!r}")
+    if ray_address is not None and engine != "ray":
+        raise ConfigError("ray_address is an option of engine='ray'")
     files = expand_inputs(inputs)
-    meta = json.loads(
-        _core.build_cache(
-            files,
-            os.fspath(output),
-            tokenizer,
-            seqlen,
-            chunk_size,
-            num_local_cells,
-            None if local_cell_dir is None else os.fspath(local_cell_dir),
-            seed,
-            threads or 0,
-            text_key,
-            format,
-            tail,
-            eot_id,
-            pad_id,
-            bos,
-            bos_id,
-            allow_special_tokens,
-            shuffle,
-            memory_limit or _default_memory_limit(),
-            errors,
-            progress,
-            overwrite,
-            tokenizer_backend,
+    if engine == "ray":
+        from . import _ray
+
+        args = dict(
+            inputs=files,
+            output=os.fspath(output),
+            tokenizer=tokenizer,
+            seqlen=seqlen,
+            chunk_size=chunk_size,
+            num_local_cells=num_local_cells,
+            local_cell_dir=None if local_cell_dir is None else os.fspath(local_cell_dir),
+            seed=seed,
+            text_key=text_key,
+            format=format,
+            tail=tail,
+            eot_id=eot_id,
+            pad_id=pad_id,
+            bos=bos,
+            bos_id=bos_id,
+            allow_special_tokens=allow_special_tokens,
+            shuffle=shuffle,
+            memory_limit=memory_limit or _default_memory_limit(),
+            errors=errors,
+            overwrite=overwrite,
+            tokenizer_backend=tokenizer_backend,
         )
-    )
+        meta = _ray.build(args, _ray.RayOptions(address=ray_address or "auto", cpus_per_task=threads), progress)
+    else:
+        meta = json.loads(
+            _core.build_cache(
+                files,
+                os.fspath(output),
+                tokenizer,
+                seqlen,
+                chunk_size,
+                num_local_cells,
+                None if local_cell_dir is None else os.fspath(local_cell_dir),
+                seed,
+                threads or 0,
+                text_key,
+                format,
+                tail,
+                eot_id,
+                pad_id,
+                bos,
+                bos_id,
+                allow_special_tokens,
+                shuffle,
+                memory_limit or _default_memory_limit(),
+                errors,
+                progress,
+                overwrite,
+                tokenizer_backend,
+            )
+        )
     stats = BuildStats(
         output=os.fspath(output),
         num_chunks=meta["num_chunks"],

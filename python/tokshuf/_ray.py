@@ -12,6 +12,7 @@ Ray is an optional dependency, imported only here and only when a build asks for
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sys
@@ -332,3 +333,147 @@ def build_record(session: Session, cpus_per_task: int, stages: Dict[str, StageRe
         "durations": {f"{name}_s": s.seconds for name, s in stages.items()},
         "total_s": time.monotonic() - t0,
     }
+
+
+# --- the build ---------------------------------------------------------------------------------
+
+# Steps objects of this worker process, by recipe: loading the tokenizer once per process, not
+# once per task (Ray reuses worker processes).
+_STEPS: Dict[str, Any] = {}
+
+
+def _steps(args: Dict[str, Any]) -> Any:
+    from . import _core
+
+    key = json.dumps(args, sort_keys=True, default=str)
+    steps = _STEPS.get(key)
+    if steps is None:
+        if len(_STEPS) >= 4:
+            _STEPS.clear()
+        steps = _STEPS[key] = _core.BuildSteps(**args)
+    return steps
+
+
+def _task_threads() -> int:
+    ray = import_ray()
+    return max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
+
+
+def _stage1_task(args: Dict[str, Any], files: List[int], _fault: bool = False) -> List[Dict[str, int]]:
+    """Tokenize ``files`` into their spills; returns a few figures per file (the summaries
+    themselves stay on storage for the driver's chunk plan)."""
+    if _fault:
+        raise OSError(f"injected fault in stage 1, files {files} ({FAULT_ENV})")
+    out = []
+    for f, text in zip(files, _steps(args).stage1(files, _task_threads())):
+        s = json.loads(text)
+        out.append({"file": f, "num_tokens": s["num_tokens"], "text_bytes": s["text_bytes"]})
+    return out
+
+
+def _stage2_task(args: Dict[str, Any], first: int, last: int, _fault: bool = False) -> List[str]:
+    """Write chunks ``first..last``; returns their manifest lines (JSON)."""
+    if _fault:
+        raise OSError(f"injected fault in stage 2, chunks {first}-{last - 1} ({FAULT_ENV})")
+    return list(_steps(args).stage2(first, last, _task_threads()))
+
+
+def build(args: Dict[str, Any], options: RayOptions, progress: bool) -> Dict[str, Any]:
+    """Build (or resume, or confirm) the cache described by ``args`` (the arguments of
+    ``_core.BuildSteps``) on the cluster. Returns tokshuf.json."""
+    from . import _core
+
+    t0 = time.monotonic()
+    session = connect(options.address)
+    try:
+        connect_s = time.monotonic() - t0
+        cpus = options.cpus_per_task or default_cpus_per_task(session.nodes)
+        steps = _core.BuildSteps(**args)
+        record: Dict[str, Any] = {"engine": "ray", "nodes": len(session.nodes), "cpus": session.cpus}
+        done_meta = steps.begin(json.dumps(record))
+        if done_meta is not None:
+            return json.loads(done_meta)
+        try:
+            return _run(session, steps, args, options, cpus, progress, t0, connect_s)
+        except BaseException:
+            steps.release()
+            raise
+    finally:
+        session.close()
+
+
+def _run(
+    session: Session,
+    steps: Any,
+    args: Dict[str, Any],
+    options: RayOptions,
+    cpus: int,
+    progress: bool,
+    t0: float,
+    connect_s: float,
+) -> Dict[str, Any]:
+    t = time.monotonic()
+    inputs = [os.fspath(p) for p in args["inputs"]]
+    preflight(session, [os.fspath(args["output"]), steps.work, *inputs[:1]], cpus)
+    connect_s += time.monotonic() - t
+    bar = Progress(progress)
+    slots = max(1, session.cpus // cpus)
+    stages: Dict[str, StageResult] = {}
+
+    # Stage 1: groups of files not done by a killed run.
+    sizes = steps.input_sizes()
+    done = set(steps.files_done())
+    todo = [f for f in range(len(sizes)) if f not in done]
+    target = options.task_bytes or default_task_bytes(sum(sizes[f] for f in todo), slots)
+    groups = [[todo[i] for i in g] for g in group_files([sizes[f] for f in todo], target)]
+    tasks = [
+        Task(task_name("stage1", i, len(groups), span(g, "files")), _stage1_task, (args, g), cpus)
+        for i, g in enumerate(groups)
+    ]
+    bar.start("tokenize", len(sizes))
+    bar.advance(len(done))
+
+    def on_stage1(i: int, result: List[Dict[str, int]]) -> None:
+        bar.advance(len(result), sum(sizes[r["file"]] for r in result), sum(r["num_tokens"] for r in result))
+
+    stages["tokenize"] = run_stage(session, "stage1", tasks, bar, on_stage1)
+    bar.end()
+
+    # The chunk plan, on the driver.
+    t = time.monotonic()
+    num_chunks = steps.plan_chunks(min(cpus, os.cpu_count() or 1), json.dumps(_partial(session, cpus, stages, t0)))
+    plan_s = time.monotonic() - t
+
+    # Stage 2: ranges of chunks a killed run did not list.
+    listed = steps.listed
+    per = options.chunks_per_task or default_chunks_per_task(num_chunks - listed, slots)
+    ranges = [(listed + a, listed + b) for a, b in group_chunks(num_chunks - listed, per)]
+    tasks = [
+        Task(task_name("stage2", i, len(ranges), span([a, b - 1], "chunks")), _stage2_task, (args, a, b), cpus)
+        for i, (a, b) in enumerate(ranges)
+    ]
+    bar.start("write", num_chunks)
+    bar.advance(listed)
+
+    def on_stage2(i: int, lines: List[str]) -> None:
+        steps.add_lines(ranges[i][0], lines)
+        parsed = [json.loads(line) for line in lines]
+        bar.advance(len(lines), sum(p["bytes"] for p in parsed), sum(p["num_tokens"] for p in parsed))
+
+    stages["write"] = run_stage(session, "stage2", tasks, bar, on_stage2)
+    bar.end()
+
+    record = build_record(session, cpus, stages, t0)
+    record["durations"] = {
+        "connect_s": connect_s,
+        "tokenize_s": stages["tokenize"].seconds,
+        "plan_s": plan_s,
+        "write_s": stages["write"].seconds,
+    }
+    record["threads"] = session.cpus
+    record["total_s"] = time.monotonic() - t0
+    return json.loads(steps.finish(json.dumps(record)))
+
+
+def _partial(session: Session, cpus: int, stages: Dict[str, StageResult], t0: float) -> Dict[str, Any]:
+    return build_record(session, cpus, stages, t0)

@@ -43,9 +43,9 @@ use crate::testhook;
 use crate::tokenizer::Tokenizer;
 
 /// Default cell size when `num_local_cells` is not given (ids only: 8 bytes each).
-const DEFAULT_CELL_CONTEXTS: u64 = 1 << 16;
-const FILE_BITS: u32 = 24;
-const POS_BITS: u32 = 40;
+pub(crate) const DEFAULT_CELL_CONTEXTS: u64 = 1 << 16;
+pub(crate) const FILE_BITS: u32 = 24;
+pub(crate) const POS_BITS: u32 = 40;
 /// Input files a streaming build reads side by side. Rounds of the chunk order past the first
 /// wait until every file has been opened, so corpora of more files stream less smoothly.
 const STREAM_WINDOW: usize = 64;
@@ -53,7 +53,7 @@ const STREAM_WINDOW: usize = 64;
 const META_EVERY: Duration = Duration::from_secs(1);
 
 #[inline]
-fn pack(file: usize, pos: u64) -> u64 {
+pub(crate) fn pack(file: usize, pos: u64) -> u64 {
     ((file as u64) << POS_BITS) | pos
 }
 #[inline]
@@ -479,16 +479,16 @@ impl Streamer<'_, '_> {
 
 /// manifest.jsonl, kept a prefix of the final manifest while the build runs: a line is
 /// appended, in chunk order, once its chunk and every earlier one are written.
-struct Manifest {
+pub(crate) struct Manifest {
     path: PathBuf,
     file: Option<File>,
-    lines: Vec<ManifestLine>,
+    pub(crate) lines: Vec<ManifestLine>,
     pending: BTreeMap<u64, ManifestLine>,
 }
 
 impl Manifest {
     /// Start the manifest, keeping the lines of a killed run whose shards are there.
-    fn open(out: &Path, fresh: bool) -> Result<Self> {
+    pub(crate) fn open(out: &Path, fresh: bool) -> Result<Self> {
         let path = out.join(MANIFEST_NAME);
         let mut lines = if fresh { Vec::new() } else { resume::manifest_prefix(out) };
         let valid = lines
@@ -505,7 +505,7 @@ impl Manifest {
         Ok(Manifest { path, file: Some(file), lines, pending: BTreeMap::new() })
     }
 
-    fn add(&mut self, chunk: u64, line: ManifestLine) -> Result<()> {
+    pub(crate) fn add(&mut self, chunk: u64, line: ManifestLine) -> Result<()> {
         if chunk < self.lines.len() as u64 {
             return Ok(());
         }
@@ -524,7 +524,7 @@ impl Manifest {
     }
 
     /// The final manifest, written whole (so no torn line of any run can survive).
-    fn finish(&mut self) -> Result<()> {
+    pub(crate) fn finish(&mut self) -> Result<()> {
         self.file = None;
         if !self.pending.is_empty() {
             return Err(Error::Config("internal error: chunks missing from the manifest (please report)".into()));
@@ -543,23 +543,23 @@ fn manifest_text(lines: &[ManifestLine]) -> Vec<u8> {
 }
 
 /// What writing any shard of this cache needs.
-struct ShardSpec {
-    out: PathBuf,
-    format: Format,
-    dtype: Dtype,
-    seqlen: u64,
-    cancel: Arc<AtomicBool>,
+pub(crate) struct ShardSpec {
+    pub(crate) out: PathBuf,
+    pub(crate) format: Format,
+    pub(crate) dtype: Dtype,
+    pub(crate) seqlen: u64,
+    pub(crate) cancel: Arc<AtomicBool>,
 }
 
 impl ShardSpec {
-    fn context_bytes(&self) -> u64 {
+    pub(crate) fn context_bytes(&self) -> u64 {
         self.seqlen * self.dtype.size() as u64
     }
 }
 
 /// Write chunk `chunk` of `n` contexts (`read(i, buf)` fills context i) through a temporary
 /// name; a shard a killed run finished is kept and only hashed.
-fn write_shard(
+pub(crate) fn write_shard(
     spec: &ShardSpec,
     chunk: u64,
     n: usize,
@@ -628,7 +628,7 @@ impl ChunkWriter<'_> {
     }
 }
 
-fn make_recipe(opts: &BuildOptions, tok: &Tokenizer) -> Result<Recipe> {
+pub(crate) fn make_recipe(opts: &BuildOptions, tok: &Tokenizer) -> Result<Recipe> {
     if opts.inputs.is_empty() {
         return Err(Error::Config("no input files".into()));
     }
@@ -693,7 +693,7 @@ fn make_recipe(opts: &BuildOptions, tok: &Tokenizer) -> Result<Recipe> {
     })
 }
 
-fn write_meta(out: &Path, recipe: &Recipe, status: &str, stats: Value, build: &Value) -> Result<Value> {
+pub(crate) fn write_meta(out: &Path, recipe: &Recipe, status: &str, stats: Value, build: &Value) -> Result<Value> {
     let mut v = json!({
         "format_version": meta::FORMAT_VERSION,
         "status": status,
@@ -740,7 +740,7 @@ pub fn peak_rss() -> Option<u64> {
     line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kb| kb * 1024)
 }
 
-fn cell_sizes(pool: &rayon::ThreadPool, seed: u64, counts: &[u64], cells: u64) -> Vec<u64> {
+pub(crate) fn cell_sizes(pool: &rayon::ThreadPool, seed: u64, counts: &[u64], cells: u64) -> Vec<u64> {
     pool.install(|| {
         counts
             .par_iter()
@@ -760,7 +760,7 @@ fn cell_sizes(pool: &rayon::ThreadPool, seed: u64, counts: &[u64], cells: u64) -
 }
 
 /// Contexts of cells `c0..c1`, each cell in id order then Fisher-Yates shuffled, concatenated.
-fn shuffled_cells(pool: &rayon::ThreadPool, seed: u64, counts: &[u64], cells: u64, c0: u64, c1: u64, sizes: &[u64]) -> Vec<u64> {
+pub(crate) fn shuffled_cells(pool: &rayon::ThreadPool, seed: u64, counts: &[u64], cells: u64, c0: u64, c1: u64, sizes: &[u64]) -> Vec<u64> {
     let mut groups: Vec<Vec<u64>> = sizes.iter().map(|&n| Vec::with_capacity(n as usize)).collect();
     for (f, &n) in counts.iter().enumerate() {
         for p in 0..n {
@@ -776,7 +776,7 @@ fn shuffled_cells(pool: &rayon::ThreadPool, seed: u64, counts: &[u64], cells: u6
     groups.concat()
 }
 
-fn totals(summaries: &[FileSummary], recipe: &Recipe, chunk_sizes: &[u64], cells: Option<u64>) -> Value {
+pub(crate) fn totals(summaries: &[FileSummary], recipe: &Recipe, chunk_sizes: &[u64], cells: Option<u64>) -> Value {
     let mut skipped: BTreeMap<String, u64> = BTreeMap::new();
     let mut examples: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for s in summaries {
@@ -810,7 +810,7 @@ fn totals(summaries: &[FileSummary], recipe: &Recipe, chunk_sizes: &[u64], cells
 
 /// Spill files of stage 1, read by position. Few files stay open; many are opened per use,
 /// so no build needs a raised open-file limit.
-struct Spills {
+pub(crate) struct Spills {
     paths: Vec<PathBuf>,
     open: Option<Vec<File>>,
     context_bytes: u64,
@@ -819,7 +819,7 @@ struct Spills {
 const KEEP_OPEN: usize = 256;
 
 impl Spills {
-    fn open(work: &Path, n: usize, context_bytes: u64) -> Result<Self> {
+    pub(crate) fn open(work: &Path, n: usize, context_bytes: u64) -> Result<Self> {
         let paths: Vec<PathBuf> = (0..n).map(|f| stage1::spill_path(work, f)).collect();
         let open = if n <= KEEP_OPEN {
             Some(paths.iter().map(|p| File::open(p).map_err(|e| Error::io(p, e))).collect::<Result<Vec<_>>>()?)
@@ -829,7 +829,7 @@ impl Spills {
         Ok(Spills { paths, open, context_bytes })
     }
 
-    fn read(&self, cache: &mut HashMap<usize, File>, id: u64, buf: &mut [u8]) -> Result<()> {
+    pub(crate) fn read(&self, cache: &mut HashMap<usize, File>, id: u64, buf: &mut [u8]) -> Result<()> {
         let (f, p) = unpack(id);
         let file = match &self.open {
             Some(files) => &files[f],

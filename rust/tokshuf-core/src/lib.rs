@@ -31,6 +31,7 @@ pub mod reader;
 pub mod resume;
 pub mod shard;
 pub mod stage1;
+pub mod steps;
 pub mod stream;
 pub mod testhook;
 pub mod tokenizer;

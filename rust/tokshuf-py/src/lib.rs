@@ -7,6 +7,7 @@ mod reader;
 mod status;
 mod inputs;
 mod fasttok;
+mod steps;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -232,5 +233,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     status::register(m)?;
     inputs::register(m)?;
     fasttok::register(m)?;
+    steps::register(m)?;
     Ok(())
 }
