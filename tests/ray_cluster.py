@@ -60,9 +60,16 @@ class LocalCluster:
         check_loopback()
         return node
 
-    def remove_worker(self, node: Any) -> None:
+    def remove_worker(self, node: Any, timeout: float = 60.0) -> None:
+        """Kill a worker node's processes (as a lost machine), then wait until the cluster
+        has noticed."""
         self.cluster.remove_node(node, allow_graceful=False)
         self.workers.remove(node)
+        deadline = time.monotonic() + timeout
+        while any(n["NodeID"] == node.node_id and n["Alive"] for n in ray.nodes()):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the cluster still lists removed node {node.node_id} as alive")
+            time.sleep(0.1)
 
 
 def check_loopback() -> None:

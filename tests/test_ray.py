@@ -7,6 +7,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -203,10 +205,14 @@ def assert_same_cache(a: Path, b: Path) -> None:
 
 
 RECIPES = [
-    pytest.param(dict(tokenizer=NEOX, format="npy", tail="stitch", shuffle=True), (1, 3), id="neox-npy-stitch-shuffled"),
+    pytest.param(
+        dict(tokenizer=NEOX, format="npy", tail="stitch", shuffle=True), (1, 3), id="neox-npy-stitch-shuffled"
+    ),
     pytest.param(dict(tokenizer=NEOX, format="json.gz", tail="pad", shuffle=False), (2, 1), id="neox-json-pad-ordered"),
     pytest.param(dict(tokenizer=CL100K, format="npy", tail="pad", shuffle=True), (1, 1), id="cl100k-npy-pad-shuffled"),
-    pytest.param(dict(tokenizer=CL100K, format="json.gz", tail="stitch", shuffle=False), (3, 4), id="cl100k-json-stitch-ordered"),
+    pytest.param(
+        dict(tokenizer=CL100K, format="json.gz", tail="stitch", shuffle=False), (3, 4), id="cl100k-json-stitch-ordered"
+    ),
 ]
 
 
@@ -237,7 +243,9 @@ def test_ray_build_is_byte_identical_to_local(
 def test_public_api_and_cli_run_on_the_cluster(cluster: LocalCluster, corpus: List[Path], tmp_path: Path) -> None:
     opts = dict(tokenizer=CL100K, seqlen=256, chunk_size=16)
     local_build(corpus, tmp_path / "local", **opts)
-    stats = tokshuf.build_cache(corpus, tmp_path / "api", progress=False, engine="ray", ray_address=cluster.address, **opts)
+    stats = tokshuf.build_cache(
+        corpus, tmp_path / "api", progress=False, engine="ray", ray_address=cluster.address, **opts
+    )
     assert stats.metadata["build"]["engine"] == "ray"
     assert_same_cache(tmp_path / "local", tmp_path / "api")
     cmd = [sys.executable, "-m", "tokshuf", "build", "--engine", "ray", "--ray-address", cluster.address]
@@ -261,7 +269,9 @@ def test_bad_line_same_error_and_same_skips(cluster: LocalCluster, corpus: List[
     assert str(ray_err.value) == str(local_err.value)
     assert f"{bad}:2" in str(ray_err.value)
     want = local_build(inputs, tmp_path / "local-skip", errors="skip", **opts)
-    got = ray_build(inputs, tmp_path / "ray-skip", _ray.RayOptions(cpus_per_task=1, task_bytes=1), errors="skip", **opts)
+    got = ray_build(
+        inputs, tmp_path / "ray-skip", _ray.RayOptions(cpus_per_task=1, task_bytes=1), errors="skip", **opts
+    )
     assert got["skipped"] == want["skipped"] and sum(want["skipped"].values()) == 1
     assert_same_cache(tmp_path / "local-skip", tmp_path / "ray-skip")
 
@@ -278,3 +288,93 @@ def test_failed_tasks_are_retried_to_the_same_bytes(
         got = ray_build(corpus, tmp_path / fault.replace(":", "-"), options, **opts)
         assert got["build"]["retries"] == 1
         assert_same_cache(tmp_path / "local", tmp_path / fault.replace(":", "-"))
+
+
+def _wait_for(path: Path, text: str, what: Any, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and text in path.read_text()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{text!r} never appeared in {path}")
+        if what is not None and not what():
+            raise AssertionError(f"the build ended before {text!r}")
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["stage1.spill", "stage2.tmp"])
+def test_worker_node_lost_mid_stage(
+    cluster: LocalCluster, corpus: List[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, point: str
+) -> None:
+    """A fourth node whose tasks stop for good at `point` (a spill renamed but its summary not
+    yet written; a shard written under its temporary name) is removed while they hang: its
+    task is retried on the other nodes and the cache is the one machine's."""
+    opts = dict(tokenizer=NEOX, seqlen=128, chunk_size=32, num_local_cells=4, tail="pad")
+    local_build(corpus, tmp_path / "local", **opts)
+    trace = tmp_path / "trace"
+    # The node's raylet, and so its workers, inherit the hooks; this driver does not.
+    monkeypatch.setenv("TOKSHUF_TEST_PAUSE", point)
+    monkeypatch.setenv("TOKSHUF_TEST_TRACE", str(trace))
+    node = cluster.add_worker()
+    monkeypatch.delenv("TOKSHUF_TEST_PAUSE")
+    monkeypatch.delenv("TOKSHUF_TEST_TRACE")
+    assert len(cluster.alive_nodes()) == 4
+    result: Dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            options = _ray.RayOptions(cpus_per_task=1, task_bytes=1, chunks_per_task=1)
+            result["meta"] = ray_build(corpus, tmp_path / "ray", options, **opts)
+        except BaseException as e:
+            result["error"] = e
+
+    driver = threading.Thread(target=run)
+    driver.start()
+    try:
+        _wait_for(trace, f"paused {point}", driver.is_alive)
+    finally:
+        cluster.remove_worker(node)
+    driver.join(timeout=300)
+    assert "error" not in result, result.get("error")
+    assert_same_cache(tmp_path / "local", tmp_path / "ray")
+    assert result["meta"]["build"]["nodes"] == 4
+    assert len(cluster.alive_nodes()) == 3
+
+
+DRIVER = """
+import json, sys
+from tokshuf import _ray
+args, address = json.loads(sys.argv[1]), sys.argv[2]
+_ray.build(args, _ray.RayOptions(address=address, cpus_per_task=1, task_bytes=1, chunks_per_task=1), progress=False)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["plan", "stage2.listed"])
+def test_killed_driver_resumes_to_the_same_bytes(
+    cluster: LocalCluster, corpus: List[Path], tmp_path: Path, point: str
+) -> None:
+    """The driver is SIGKILLed after stage 1 (the chunk plan published), or once the first
+    chunks are listed; the same build run again finishes the cache, byte-identical."""
+    opts = dict(tokenizer=CL100K, seqlen=128, chunk_size=32, num_local_cells=4, format="json.gz")
+    local_build(corpus, tmp_path / "local", **opts)
+    out, trace = tmp_path / "ray", tmp_path / "trace"
+    args = dict(
+        inputs=[str(p) for p in sorted(corpus)], output=str(out), tokenizer=CL100K, seqlen=128, chunk_size=32,
+        num_local_cells=4, local_cell_dir=None, seed=0, text_key="text", format="json.gz", tail="stitch",
+        eot_id=None, pad_id=None, bos=False, bos_id=None, allow_special_tokens=False, shuffle=True,
+        memory_limit=1 << 30, errors="raise", overwrite=False,
+    )  # fmt: skip
+    env = dict(os.environ, TOKSHUF_TEST_PAUSE=point, TOKSHUF_TEST_TRACE=str(trace))
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER, json.dumps(args), cluster.address], env=env)
+    try:
+        _wait_for(trace, f"paused {point}", lambda: proc.poll() is None)
+    finally:
+        proc.kill()
+        proc.wait()
+    status = json.loads((out / "tokshuf.json").read_text())["status"]
+    assert status == "writing"
+    listed = (out / "manifest.jsonl").read_text().count("\n")
+    assert (listed > 0) == (point == "stage2.listed")
+    got = ray_build(corpus, out, _ray.RayOptions(cpus_per_task=1, chunks_per_task=2), **opts)
+    assert_same_cache(tmp_path / "local", out)
+    assert got["build"]["tasks"]["tokenize"] == 0  # stage 1 was done
