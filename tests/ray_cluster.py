@@ -81,8 +81,8 @@ def check_loopback() -> None:
 
 
 @contextmanager
-def local_cluster(workers: int = 2) -> Iterator[LocalCluster]:
-    """A head and `workers` worker nodes of 1 CPU each, the driver connected; shut down after."""
+def local_cluster(workers: int = 2, cpus: int = 1) -> Iterator[LocalCluster]:
+    """A head and `workers` worker nodes of `cpus` CPUs each, the driver connected; shut down after."""
     constants = ray._private.ray_constants
     if getattr(constants, "ENABLE_RAY_CLUSTER", False):
         raise RuntimeError(
@@ -91,11 +91,14 @@ def local_cluster(workers: int = 2) -> Iterator[LocalCluster]:
     if ray.is_initialized():
         raise RuntimeError("a Ray driver is already connected in this process")
     t0 = time.monotonic()
-    cluster = Cluster(initialize_head=True, head_node_args=dict(NODE_ARGS))
+    args = dict(NODE_ARGS, num_cpus=cpus)
+    # A removed node is declared dead after about 2 s instead of Ray's default 15 or so.
+    health = {"health_check_period_ms": 500, "health_check_failure_threshold": 4}
+    cluster = Cluster(initialize_head=True, head_node_args=dict(args, _system_config=health))
     lc = LocalCluster(cluster, [], 0.0)
     try:
         for _ in range(workers):
-            lc.workers.append(cluster.add_node(**NODE_ARGS))
+            lc.workers.append(cluster.add_node(**args))
         ray.init(address=cluster.address, _node_ip_address=LOOPBACK, log_to_driver=False)
         cluster.wait_for_nodes()
         check_loopback()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import os
 import subprocess
@@ -109,7 +110,8 @@ def test_group_chunks_covers_every_chunk_once() -> None:
 
 
 def test_default_sizes() -> None:
-    assert _ray.default_task_bytes(10, 4) == _ray.MIN_TASK_BYTES
+    assert _ray.default_task_bytes(10, 4) == 3  # small builds: one task per slot
+    assert _ray.default_task_bytes(1 << 30, 4) == _ray.MIN_TASK_BYTES
     assert _ray.default_task_bytes(10 << 40, 2048) == _ray.MAX_TASK_BYTES
     assert _ray.default_chunks_per_task(1000, 10) == 25
     assert _ray.default_cpus_per_task([{"Resources": {"CPU": 32.0}}, {"Resources": {"CPU": 4.0}}]) == 4
@@ -120,6 +122,39 @@ def test_missing_ray_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> No
     with pytest.raises(ConfigError, match=r'pip install "tokshuf\[ray\]"'):
         _ray.import_ray()
     assert issubclass(ConfigError, tokshuf.TokshufError)
+
+
+def test_engine_ray_without_ray_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(ConfigError, match=r'pip install "tokshuf\[ray\]"'):
+        tokshuf.build_cache(SAMPLE, tmp_path / "c", engine="ray", progress=False)
+    with pytest.raises(ConfigError, match="engine must be"):
+        tokshuf.build_cache(SAMPLE, tmp_path / "c", engine="spark", progress=False)
+    with pytest.raises(ConfigError, match="ray_address"):
+        tokshuf.build_cache(SAMPLE, tmp_path / "c", ray_address="auto", progress=False)
+    assert not (tmp_path / "c").exists()
+
+
+def test_progress_line_per_stage(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    err = Tty()
+    monkeypatch.setattr(sys, "stderr", err)
+    bar = _ray.Progress(True)
+    bar.start("tokenize", 4)
+    bar.advance(4, 8_000_000, 2_000_000)
+    bar.end()
+    bar.start("write", 2)
+    bar.end()
+    lines = err.getvalue().split("\n")
+    assert lines[0].startswith("\rtokenize: 0/4") and "\rtokenize: 4/4 | " in lines[0] and "Mtok/s" in lines[0]
+    assert lines[1].startswith("\rwrite: 0/2") and lines[2] == ""
+    quiet = _ray.Progress(False)
+    quiet.start("tokenize", 1)
+    quiet.end()
+    assert err.getvalue().count("\n") == 2
 
 
 def test_core_package_never_imports_ray(tmp_path: Path) -> None:

@@ -138,8 +138,11 @@ def default_cpus_per_task(nodes: Sequence[Dict[str, Any]]) -> int:
 
 
 def default_task_bytes(total_bytes: int, slots: int) -> int:
-    per = total_bytes // max(1, slots * TASKS_PER_SLOT)
-    return max(MIN_TASK_BYTES, min(MAX_TASK_BYTES, per))
+    """About TASKS_PER_SLOT tasks per slot within [MIN, MAX]_TASK_BYTES, yet at least one task
+    per slot where the files allow (a small build still uses every node)."""
+    slots = max(1, slots)
+    per = max(MIN_TASK_BYTES, min(MAX_TASK_BYTES, total_bytes // (slots * TASKS_PER_SLOT)))
+    return max(1, min(per, -(-total_bytes // slots)))
 
 
 def default_chunks_per_task(num_chunks: int, slots: int) -> int:

@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -71,9 +71,29 @@ pub enum Begun {
     Started(Driver),
 }
 
+/// The tokenizer of `opts`, loaded once per process: a worker runs many tasks of one build
+/// (and of the next), and loading takes 0.1-0.3 s. Keyed by the spec's file size and mtime too,
+/// so a tokenizer file replaced in place is loaded again.
+fn load_tokenizer(opts: &BuildOptions) -> Result<Tokenizer> {
+    static LOADED: Mutex<Vec<(String, Tokenizer)>> = Mutex::new(Vec::new());
+    let stamp = std::fs::metadata(&opts.tokenizer).ok().map(|m| (m.len(), m.modified().ok()));
+    let key = format!("{}\0{}\0{:?}\0{:?}", opts.tokenizer, opts.allow_special_tokens, opts.tokenizer_backend, stamp);
+    if let Some(tok) = LOADED.lock().ok().and_then(|l| l.iter().find(|(k, _)| *k == key).map(|(_, t)| t.clone())) {
+        return Ok(tok);
+    }
+    let tok = Tokenizer::load(&opts.tokenizer, opts.allow_special_tokens, opts.tokenizer_backend)?;
+    if let Ok(mut loaded) = LOADED.lock() {
+        if loaded.len() >= 4 {
+            loaded.remove(0);
+        }
+        loaded.push((key, tok.clone()));
+    }
+    Ok(tok)
+}
+
 impl Steps {
     pub fn open(opts: BuildOptions) -> Result<Steps> {
-        let tok = Tokenizer::load(&opts.tokenizer, opts.allow_special_tokens, opts.tokenizer_backend)?;
+        let tok = load_tokenizer(&opts)?;
         let recipe = build::make_recipe(&opts, &tok)?;
         let work = resume::work_dir(&opts.output, opts.local_cell_dir.as_deref())?;
         let cfg = Arc::new(Stage1Config {
