@@ -11,7 +11,9 @@ The same build (``--tokenizer``, ``--seqlen``, ``--chunk-size``) of ``--input`` 
 Every build runs in a fresh process (for Ray a fresh job, whose worker processes start and
 load the tokenizer), with the cluster already up (its start-up is reported on its own). The
 build time is tokshuf.json's ``build.total_s``, split into its ``durations``: for Ray
-``connect_s`` (joining the cluster, the per-node pre-flight check), ``tokenize_s`` (stage 1),
+``connect_s`` (joining the cluster), ``preflight_s`` (waiting for the per-node check, which
+starts the job's worker processes and loads the tokenizer in them while the driver loads its
+own), ``tokenize_s`` (stage 1),
 ``plan_s`` (stitch and chunk plan on the driver), ``write_s`` (stage 2); "process s" is the
 whole process (interpreter start, imports, build). Overhead: median Ray build time / median
 local build time - 1. Every cache is checked byte-identical to the local one (tokshuf.json but ``build``).
@@ -167,8 +169,8 @@ def main() -> None:
         f"{results['local'][0]['meta']['num_chunks']} chunks; {a.cpus} CPUs in every configuration",
         "- every Ray cache byte-identical to the local one (tokshuf.json but `build`)",
         "",
-        "| engine | cluster start s | build s (median) | vs local | MB/s of text | connect s | tokenize s | plan s | write s | process s | runs (build s) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| engine | cluster start s | build s (median) | vs local | MB/s of text | connect s | pre-flight s | tokenize s | plan s | write s | process s | runs (build s) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     base = med(results["local"], "total_s")
     for name, runs in results.items():
@@ -178,7 +180,7 @@ def main() -> None:
         each = ", ".join(f"{r['total_s']:.2f}" for r in runs)
         lines.append(
             f"| {name} | {start} | {build:.2f} | {overhead} | {text / 1e6 / build:.1f} | "
-            f"{med(runs, 'connect_s'):.2f} | {med(runs, 'tokenize_s'):.2f} | {med(runs, 'plan_s'):.3f} | "
+            f"{med(runs, 'connect_s'):.2f} | {med(runs, 'preflight_s'):.2f} | {med(runs, 'tokenize_s'):.2f} | {med(runs, 'plan_s'):.3f} | "
             f"{med(runs, 'write_s'):.2f} | {med(runs, 'wall_s'):.2f} | {each} |"
         )
     report = "\n".join(lines) + "\n"

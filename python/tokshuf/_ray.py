@@ -203,22 +203,30 @@ class Progress:
         sys.stderr.flush()
 
 
-def _node_check(paths: List[str], version: str) -> Dict[str, Any]:
-    """Runs on one node: which of ``paths`` it cannot see, and its tokshuf version."""
+def _node_check(paths: List[str], version: str, args: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """Runs on one node: which of ``paths`` it cannot see, its tokshuf version, and (``args``)
+    the build's tokenizer loaded into this worker process for the tasks to come."""
     from . import __version__
 
-    return {
+    out: Dict[str, Any] = {
         "host": socket.gethostname(),
         "missing": [p for p in paths if not os.path.exists(p)],
         "version": __version__,
         "version_ok": __version__ == version,
     }
+    if args is not None and out["version_ok"] and not out["missing"]:
+        try:
+            _steps(args)
+        except TokshufError as e:
+            out["error"] = e
+    return out
 
 
-def preflight(session: Session, paths: List[str], cpus: int) -> None:
-    """Before any work: every node sees ``paths`` (the output and work folders, an input), and
-    runs this tokshuf version. A node that cannot would fail every task sent to it, or worse,
-    write to a folder no other node reads."""
+def preflight_start(
+    session: Session, paths: List[str], cpus: int, args: Optional[Dict[str, Any]] = None
+) -> Dict[str, Any]:
+    """Send the pre-flight check to every node that can run a task (see ``preflight``); it runs
+    while the driver loads the tokenizer and prepares the output folder."""
     ray = session.ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -230,15 +238,21 @@ def preflight(session: Session, paths: List[str], cpus: int) -> None:
             name=f"tokshuf preflight {n['NodeManagerAddress']}",
             num_cpus=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=n["NodeID"], soft=False),
-        ).remote(paths, __version__)
+        ).remote(paths, __version__, args)
         for n in session.nodes
         if n["Resources"].get("CPU", 0) >= cpus
     }
     if not refs:
-        raise ConfigError(f"no Ray node has {cpus} CPUs for one task; lower cpus_per_task")
+        raise ConfigError(f"no Ray node has {cpus} CPUs for one task; lower threads (CPUs per task)")
+    return refs
+
+
+def preflight_finish(session: Session, refs: Dict[str, Any]) -> None:
+    from . import __version__
+
     problems = []
     for node_id, ref in refs.items():
-        r = ray.get(ref)
+        r = session.ray.get(ref)
         where = f"node {node_id[:8]} ({r['host']})"
         if r["missing"]:
             problems.append(
@@ -247,8 +261,33 @@ def preflight(session: Session, paths: List[str], cpus: int) -> None:
             )
         if not r["version_ok"]:
             problems.append(f"{where} runs tokshuf {r['version']}, the driver {__version__}: install the same version")
+        if isinstance(r.get("error"), TokshufError):
+            raise r["error"]
     if problems:
         raise ConfigError("; ".join(problems))
+
+
+def preflight(session: Session, paths: List[str], cpus: int, args: Optional[Dict[str, Any]] = None) -> None:
+    """Before any work: every node sees ``paths`` (the output folder, an input; each task then
+    checks the work folder), runs this tokshuf version, and can load the tokenizer. A node that
+    cannot would fail every task sent to it, or worse, write to a folder no other node reads."""
+    preflight_finish(session, preflight_start(session, paths, cpus, args))
+
+
+def _existing(path: str) -> str:
+    """``path``, or its nearest existing ancestor (the output folder may not exist yet)."""
+    p = os.path.abspath(path)
+    while not os.path.exists(p) and os.path.dirname(p) != p:
+        p = os.path.dirname(p)
+    return p
+
+
+def _check_work(steps: Any) -> None:
+    if not os.path.isdir(steps.work):
+        raise ConfigError(
+            f"{socket.gethostname()} cannot see the work folder {steps.work}: with engine='ray' it must be "
+            "on storage every node sees (local_cell_dir on a node's own disk cannot be used)"
+        )
 
 
 def _unwrap(ray: Any, err: BaseException) -> BaseException:
@@ -367,8 +406,10 @@ def _stage1_task(args: Dict[str, Any], files: List[int], _fault: bool = False) -
     themselves stay on storage for the driver's chunk plan)."""
     if _fault:
         raise OSError(f"injected fault in stage 1, files {files} ({FAULT_ENV})")
+    steps = _steps(args)
+    _check_work(steps)
     out = []
-    for f, text in zip(files, _steps(args).stage1(files, _task_threads())):
+    for f, text in zip(files, steps.stage1(files, _task_threads())):
         s = json.loads(text)
         out.append({"file": f, "num_tokens": s["num_tokens"], "text_bytes": s["text_bytes"]})
     return out
@@ -378,7 +419,9 @@ def _stage2_task(args: Dict[str, Any], first: int, last: int, _fault: bool = Fal
     """Write chunks ``first..last``; returns their manifest lines (JSON)."""
     if _fault:
         raise OSError(f"injected fault in stage 2, chunks {first}-{last - 1} ({FAULT_ENV})")
-    return list(_steps(args).stage2(first, last, _task_threads()))
+    steps = _steps(args)
+    _check_work(steps)
+    return list(steps.stage2(first, last, _task_threads()))
 
 
 def build(args: Dict[str, Any], options: RayOptions, progress: bool) -> Dict[str, Any]:
@@ -391,13 +434,18 @@ def build(args: Dict[str, Any], options: RayOptions, progress: bool) -> Dict[str
     try:
         connect_s = time.monotonic() - t0
         cpus = options.cpus_per_task or default_cpus_per_task(session.nodes)
+        inputs = [os.fspath(p) for p in args["inputs"]]
+        checks = preflight_start(session, [_existing(os.fspath(args["output"])), *inputs[:1]], cpus, args)
         steps = _core.BuildSteps(**args)
         record: Dict[str, Any] = {"engine": "ray", "nodes": len(session.nodes), "cpus": session.cpus}
         done_meta = steps.begin(json.dumps(record))
         if done_meta is not None:
             return json.loads(done_meta)
         try:
-            return _run(session, steps, args, options, cpus, progress, t0, connect_s)
+            t = time.monotonic()
+            preflight_finish(session, checks)
+            preflight_s = time.monotonic() - t
+            return _run(session, steps, args, options, cpus, progress, t0, connect_s, preflight_s)
         except BaseException:
             steps.release()
             raise
@@ -414,11 +462,8 @@ def _run(
     progress: bool,
     t0: float,
     connect_s: float,
+    preflight_s: float,
 ) -> Dict[str, Any]:
-    t = time.monotonic()
-    inputs = [os.fspath(p) for p in args["inputs"]]
-    preflight(session, [os.fspath(args["output"]), steps.work, *inputs[:1]], cpus)
-    connect_s += time.monotonic() - t
     bar = Progress(progress)
     slots = max(1, session.cpus // cpus)
     stages: Dict[str, StageResult] = {}
@@ -469,6 +514,7 @@ def _run(
     record = build_record(session, cpus, stages, t0)
     record["durations"] = {
         "connect_s": connect_s,
+        "preflight_s": preflight_s,
         "tokenize_s": stages["tokenize"].seconds,
         "plan_s": plan_s,
         "write_s": stages["write"].seconds,
