@@ -387,7 +387,9 @@ _STEPS: Dict[str, Any] = {}
 def _steps(args: Dict[str, Any]) -> Any:
     from . import _core
 
-    key = json.dumps(args, sort_keys=True, default=str)
+    tok = str(args.get("tokenizer", ""))
+    stamp = (os.stat(tok).st_size, os.stat(tok).st_mtime_ns) if os.path.isfile(tok) else None
+    key = json.dumps([args, stamp], sort_keys=True, default=str)  # a tokenizer file replaced: reload
     steps = _STEPS.get(key)
     if steps is None:
         if len(_STEPS) >= 4:

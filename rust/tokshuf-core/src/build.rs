@@ -725,6 +725,7 @@ pub(crate) fn write_meta(out: &Path, recipe: &Recipe, status: &str, stats: Value
 fn build_info(threads: usize, timings: &BTreeMap<&str, f64>, t0: Instant) -> Value {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string();
     json!({
+        "engine": "local",
         "threads": threads,
         "host": host,
         "durations": timings,
