@@ -10,8 +10,8 @@ the first two samples use the same target), a scan over all datasets per sample.
 faithful NumPy rewrite of that loop (argmax keeps the first maximum, like its strict `>`);
 if megatron-core's compiled helper can be imported, it is timed too.
 
-    python benches/blend_bench.py                       # 10,000 components, 10^6 lookups
-    python benches/blend_bench.py --components 100 --lookups 1000 --samples 10000   # smoke
+    python -m benches.blend_bench                       # 10,000 components, 10^6 lookups
+    python -m benches.blend_bench --components 100 --lookups 1000 --samples 10000   # smoke
 
 Prints one JSON object. Timings on a busy machine mean little: run on a quiet one.
 """

@@ -26,10 +26,10 @@ so drifting machine load hits all of them alike. Also printed: the bound on the 
 backend's memos. Writes a markdown report (machine, command, results, stage times) to
 stdout and to ``--out``.
 
-    python benches/build_bench.py                          # subset100m, neox + cl100k, all cores, 3 runs
-    python benches/build_bench.py --smoke                  # ~3 MB, one run: checks the script
-    python benches/build_bench.py --tokenizers neox,cl100k,r50k,o200k --threads 2 --runs 5
-    python benches/build_bench.py --input /work/corpus/jsonl.zst --with-reference-backend --no-scaling
+    python -m benches.build_bench                          # subset100m, neox + cl100k, all cores, 3 runs
+    python -m benches.build_bench --smoke                  # ~3 MB, one run: checks the script
+    python -m benches.build_bench --tokenizers neox,cl100k,r50k,o200k --threads 2 --runs 5
+    python -m benches.build_bench --input /work/corpus/jsonl.zst --with-reference-backend --no-scaling
 
 The default input is ``$TOKSHUF_CORPUS/subset100m/jsonl`` (the corpus folder made by
 ../shared/corpus/make_corpus.py), else /work/corpus/subset100m/jsonl.
@@ -57,7 +57,6 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
 
 DEFAULT_INPUT = str(Path(os.environ.get("TOKSHUF_CORPUS") or "/work/corpus") / "subset100m" / "jsonl")
 TOKENIZERS = {
@@ -157,7 +156,8 @@ def child_reference(args) -> dict:
         what = f"tokenizers {tokenizers.__version__} encode_batch_fast"
     else:
         import tiktoken
-        import tokref
+
+        from tests.support import tokref
 
         enc = tokref.tiktoken_reference(TOKENIZERS[args.tokenizer].split(":", 1)[1])
         for batch in batches:
@@ -191,7 +191,7 @@ def child_gigatoken(args) -> dict:
     del texts
     spec = TOKENIZERS[args.tokenizer]
     if spec.startswith("tiktoken:"):
-        import tokref
+        from tests.support import tokref
 
         # from_tiktoken takes the encoding's pattern and special tokens from the file's name.
         name = spec.split(":", 1)[1]
@@ -268,17 +268,16 @@ def machine_info() -> Dict[str, str]:
 
     model = platform.processor()
     try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
     except OSError:
         pass
     mem = ""
     try:
-        for line in open("/proc/meminfo"):
-            if line.startswith("MemTotal"):
-                mem = f"{int(line.split()[1]) / 2**20:.0f} GiB"
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal"):
+                    mem = f"{int(line.split()[1]) / 2**20:.0f} GiB"
     except OSError:
         pass
     versions = {}

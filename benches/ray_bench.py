@@ -6,7 +6,7 @@ The same build (``--tokenizer``, ``--seqlen``, ``--chunk-size``) of ``--input`` 
 - ``local``: ``build_cache(threads=CPUS)``, no Ray running.
 - ``ray 1x{CPUS}``: a local Ray cluster of one node with CPUS CPUs; tasks of CPUS CPUs.
 - ``ray {CPUS}x1``: CPUS nodes of 1 CPU each (a head and CPUS-1 workers, separate raylets on
-  loopback, as in tests/ray_cluster.py); tasks of 1 CPU.
+  loopback, as in tests/support/ray_cluster.py); tasks of 1 CPU.
 
 Every build runs in a fresh process (for Ray a fresh job, whose worker processes start and
 load the tokenizer), with the cluster already up (its start-up is reported on its own). The
@@ -18,9 +18,9 @@ own), ``tokenize_s`` (stage 1),
 whole process (interpreter start, imports, build). Overhead: median Ray build time / median
 local build time - 1. Every cache is checked byte-identical to the local one (tokshuf.json but ``build``).
 
-    python benches/ray_bench.py                                   # subset100m if present, else tests/data/sample
-    python benches/ray_bench.py --input tests/data/sample --runs 5 --chunk-size 64
-    python benches/ray_bench.py --input $TOKSHUF_CORPUS/subset100m/jsonl --tokenizer cl100k
+    python -m benches.ray_bench                                   # subset100m if present, else tests/data/sample
+    python -m benches.ray_bench --input tests/data/sample --runs 5 --chunk-size 64
+    python -m benches.ray_bench --input $TOKSHUF_CORPUS/subset100m/jsonl --tokenizer cl100k
 
 Measures, does not check speed. Run on a quiet machine.
 """
@@ -41,12 +41,12 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+import tokshuf
+from tokshuf import _ray
 
-import tokshuf  # noqa: E402
-from ray_cluster import local_cluster  # noqa: E402  (sets Ray's loopback environment first)
-from tokshuf import _ray  # noqa: E402
+from tests.support.ray_cluster import local_cluster  # sets Ray's loopback environment before Ray loads
+
+ROOT = Path(__file__).resolve().parent.parent
 
 TOKENIZERS = {"neox": str(ROOT / "tests" / "data" / "gpt-neox-20b.json"), "cl100k": "tiktoken:cl100k_base"}
 CORPUS = Path(os.environ.get("TOKSHUF_CORPUS") or "/work/corpus") / "subset100m" / "jsonl"

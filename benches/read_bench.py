@@ -3,10 +3,10 @@ stock webdataset on the same tars (and mosaicml-streaming / litdata when install
 a blend of the cache with itself, seek time to step 1 and step 10^9, and the time to open a cache
 of 100,000 chunks.
 
-    python benches/read_bench.py --cache CACHE            # an existing cache (e.g. built from
+    python -m benches.read_bench --cache CACHE            # an existing cache (e.g. built from
                                                           # /work/corpus/out/subset100m)
-    python benches/read_bench.py --build /work/corpus/out/subset100m --out /tmp/bench_cache
-    python benches/read_bench.py --smoke                  # tiny, seconds: checks the script runs
+    python -m benches.read_bench --build /work/corpus/out/subset100m --out /tmp/bench_cache
+    python -m benches.read_bench --smoke                  # tiny, seconds: checks the script runs
 
 Page cache warm (every reader first reads the data once), one consuming Python thread. Results
 are printed as a table and, with --json PATH, written as JSON.
@@ -269,8 +269,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="tokshuf-readbench-"))
     try:
         if args.smoke:
-            sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-            from conftest import make_docs, write_jsonl
+            from tests.support.corpus import make_docs, write_jsonl
 
             files = [write_jsonl(tmp / "in" / f"{k}.jsonl", make_docs(60, k)) for k in range(2)]
             tokshuf.build_cache(files, tmp / "cache", seqlen=64, chunk_size=16, progress=False)

@@ -1,10 +1,10 @@
 """Time `tokshuf.verify` (quick and --full) on a cache built from the real corpus.
 
-    python benches/verify_bench.py [--inputs GLOB] [--cache DIR] [--seqlen N] [--chunk-size N]
+    python -m benches.verify_bench [--inputs GLOB] [--cache DIR] [--seqlen N] [--chunk-size N]
 
 Builds the cache once (reused when DIR already holds a complete one), then reports MB/s of
 shard data for both modes. Run on a quiet machine; a smoke run on a tiny input:
-    python benches/verify_bench.py --inputs '/work/corpus/out/jsonl/*00000.jsonl' --cache /tmp/vb
+    python -m benches.verify_bench --inputs '/work/corpus/out/jsonl/*00000.jsonl' --cache /tmp/vb
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ def main() -> None:
         files, args.cache, seqlen=args.seqlen, chunk_size=args.chunk_size, format=args.format, progress=False
     )
     print(f"build (or reuse): {time.perf_counter() - t:.1f} s")
-    meta = json.load(open(os.path.join(args.cache, "tokshuf.json")))
+    with open(os.path.join(args.cache, "tokshuf.json")) as f:
+        meta = json.load(f)
     for full in (False, True):
         t = time.perf_counter()
         report = tokshuf.verify(args.cache, full=full)

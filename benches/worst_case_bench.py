@@ -5,7 +5,7 @@ whitespace, punctuation. tokshuf's ``Tokenizer.encode`` against the Python refer
 the reference finishes (tiktoken panics on whitespace runs of a million characters or more:
 its regex engine's backtracking stack overflows).
 
-    python benches/worst_case_bench.py [--size 1000000] [--runs 3]
+    python -m benches.worst_case_bench [--size 1000000] [--runs 3]
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from pathlib import Path
 
 os.environ["RUST_BACKTRACE"] = "0"  # tiktoken's panics print a backtrace otherwise
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
 
 CASES = {
     "'a' x N": lambda n: "a" * n,
@@ -54,8 +53,9 @@ def main() -> None:
     p.add_argument("--no-reference", action="store_true")
     args = p.parse_args()
 
-    import tokref
     import tokshuf
+
+    from tests.support import tokref
 
     print(f"Command: `{' '.join(['python', *sys.argv])}`; load average {os.getloadavg()[0]:.2f}\n")
     print("| tokenizer | document | tokshuf s | tokens | reference s |")
@@ -64,11 +64,13 @@ def main() -> None:
         tok = tokshuf.Tokenizer(spec)
         for case, make in CASES.items():
             text = make(args.size)
-            secs, ids = timed(lambda: tok.encode(text), args.runs)
+            secs, ids = timed(lambda tok=tok, text=text: tok.encode(text), args.runs)
             ref = ""
             if not args.no_reference:
                 try:
-                    rsecs, rids = timed(lambda: tokref.reference_encode_batch(spec, [text])[0], args.runs)
+                    rsecs, rids = timed(
+                        lambda spec=spec, text=text: tokref.reference_encode_batch(spec, [text])[0], args.runs
+                    )
                     ref = f"{rsecs:.3f}" + ("" if rids == ids else " (ids differ!)")
                 except BaseException as e:
                     if isinstance(e, KeyboardInterrupt):

@@ -8,6 +8,7 @@ per input file, so the expected chunks follow from the documents alone (see ``ex
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import os
@@ -21,8 +22,9 @@ import numpy as np
 import pytest
 import tokshuf
 import zstandard
-from cachecheck import assert_cache_holds, read_chunks
-from conftest import make_docs, write_jsonl
+from support.build import build as run_build
+from support.cache import assert_cache_holds, chunk_ids
+from support.corpus import make_docs, write_jsonl
 
 SEQLEN = 64
 BIG_CHUNK = 1_000_000  # one chunk per input file: chunk order = file order
@@ -33,10 +35,7 @@ def tok() -> tokshuf.Tokenizer:
     return tokshuf.Tokenizer(tokshuf.DEFAULT_TOKENIZER)
 
 
-def build(inputs, out: Path, errors: str = "raise", **kw) -> tokshuf.BuildStats:
-    opts = dict(seqlen=SEQLEN, chunk_size=BIG_CHUNK, shuffle=False, threads=2, progress=False, errors=errors)
-    opts.update(kw)
-    return tokshuf.build_cache(inputs, out, **opts)
+build = functools.partial(run_build, seqlen=SEQLEN, chunk_size=BIG_CHUNK, shuffle=False, threads=2)
 
 
 def jsonl_bytes(docs: Sequence[str]) -> bytes:
@@ -99,7 +98,7 @@ def file_with_bad_lines(path: Path, bad: bytes) -> Path:
 
 @pytest.mark.parametrize("case", BAD_LINES, ids=[c[0] for c in BAD_LINES])
 def test_bad_line_raises_with_location(tmp_path, case):
-    _, bad, reason, fragment = case
+    _, bad, _reason, fragment = case
     src = file_with_bad_lines(tmp_path / "in" / "bad.jsonl", bad)
     with pytest.raises(tokshuf.InputError) as ei:
         build([src], tmp_path / "out")
@@ -255,7 +254,7 @@ def test_line_of_one_million_repeated_characters(tmp_path, tok):
     build([src], tmp_path / "out", seqlen=2048)
     meta = json.loads((tmp_path / "out" / "tokshuf.json").read_text())
     assert meta["num_documents"] == 3
-    got = np.concatenate(read_chunks(tmp_path / "out"))
+    got = np.concatenate(chunk_ids(tmp_path / "out"))
     want = np.concatenate([np.array(tok.encode(d) + [meta["eot_id"]]) for d in docs])
     np.testing.assert_array_equal(got[: len(want)], want)
     assert (got[len(want) :] == meta["pad_id"]).all()
@@ -272,7 +271,7 @@ def test_million_char_whitespace_runs(tmp_path, tok, run):
     src = write_jsonl(tmp_path / "ws.jsonl", docs)
     build([src], tmp_path / "out", seqlen=1024)
     meta = json.loads((tmp_path / "out" / "tokshuf.json").read_text())
-    got = np.concatenate(read_chunks(tmp_path / "out"))
+    got = np.concatenate(chunk_ids(tmp_path / "out"))
     want = np.concatenate([np.array(tok.encode(d) + [meta["eot_id"]]) for d in docs])
     np.testing.assert_array_equal(got[: len(want)], want)
 
@@ -329,7 +328,7 @@ def check_repeated_unit(out: Path, tok, unit: str, k: int, rest: List[str]) -> N
     want = np.concatenate(
         [np.tile(np.array(tok.encode(unit)), k), [eot]] + [np.array(tok.encode(d) + [eot]) for d in rest]
     )
-    got = np.concatenate(read_chunks(out))
+    got = np.concatenate(chunk_ids(out))
     assert meta["num_tokens"] == len(want)
     np.testing.assert_array_equal(got[: len(want)], want)
     assert (got[len(want) :] == meta["pad_id"]).all() and len(got) - len(want) == meta["num_padding_tokens"]
@@ -422,7 +421,7 @@ def test_corrupt_byte_inside_compressed_data(tmp_path, tok, suffix):
     stats = build([src], tmp_path / "skip", errors="skip")
     assert stats.metadata["skipped"]["corrupt_stream"] == 1
     # The first member decodes fully before the damage: its documents come first, in order.
-    got = np.concatenate(read_chunks(tmp_path / "skip"))
+    got = np.concatenate(chunk_ids(tmp_path / "skip"))
     eot = stats.metadata["eot_id"]
     want = np.array([i for d in FIRST for i in tok.encode(d) + [eot]])
     np.testing.assert_array_equal(got[: len(want)], want)
@@ -520,28 +519,7 @@ def test_directory_given_as_file_to_core(tmp_path):
     # ...and the core refuses one passed as a file, naming it.
     with pytest.raises(tokshuf.TokshufIOError, match="is a directory"):
         tokshuf._core.build_cache(
-            [str(d)],
-            str(tmp_path / "o2"),
-            tokshuf.DEFAULT_TOKENIZER,
-            64,
-            8,
-            None,
-            None,
-            0,
-            1,
-            "text",
-            "npy",
-            "stitch",
-            None,
-            None,
-            False,
-            None,
-            False,
-            True,
-            1 << 30,
-            "raise",
-            False,
-            False,
+            inputs=[str(d)], output=str(tmp_path / "o2"), seqlen=64, chunk_size=8, threads=1, progress=False
         )
 
 

@@ -13,9 +13,9 @@ from typing import Dict, List, Sequence, Tuple
 import numpy as np
 import pytest
 import tokshuf
-from blend_helpers import TOK, fake_cache, manifest_only_cache, ref_draws, ref_quantise
 from hypothesis import given
 from hypothesis import strategies as st
+from support.blend import TOK, fake_cache, manifest_only_cache, ref_draws, ref_quantise
 from tokshuf._cli_blend import add_blend_arguments, blend_from_args, parse_blend_spec
 from tokshuf._core import BlendSchedule
 
@@ -248,7 +248,7 @@ def test_real_cache(small_corpus, tmp_path):
     assert b.sizes.tolist() == [meta["num_contexts"], 5] and b.eot_id == meta["eot_id"] == 50256
     other_tok = {**meta["tokenizer"], "sha256": "00" * 32, "spec": "other.json"}
     wrong = fake_cache(tmp_path, "wrong_tok", 5, **{**same, "tokenizer": other_tok})
-    with pytest.raises(tokshuf.ConfigError, match="tokenizer.*other.json"):
+    with pytest.raises(tokshuf.ConfigError, match=r"tokenizer.*other.json"):
         tokshuf.Blend([(out, 1), (wrong, 1)])
 
 
@@ -306,11 +306,11 @@ def test_cache_errors(tmp_path):
     with pytest.raises(tokshuf.InputNotFoundError, match="missing: no such cache folder"):
         tokshuf.Blend([(tmp_path / "missing", 1)])
     building = fake_cache(tmp_path, "building", 10, status="building")
-    with pytest.raises(tokshuf.CacheCorruptError, match="building.*not finished"):
+    with pytest.raises(tokshuf.CacheCorruptError, match=r"building.*not finished"):
         tokshuf.Blend([(building, 1)])
     broken = fake_cache(tmp_path, "broken", 3)
     (broken / "shard_00000000.tar").write_bytes(b"short")
-    with pytest.raises(tokshuf.CacheCorruptError, match="broken/shard_00000000.tar"):
+    with pytest.raises(tokshuf.CacheCorruptError, match=r"broken/shard_00000000.tar"):
         tokshuf.Blend([(broken, 1)])
     ok = fake_cache(tmp_path, "ok", 4)
     for q in (0, 2**70, 1.5):
@@ -341,7 +341,7 @@ def test_parse_blend_spec():
     assert parse_blend_spec("web:0.7") == ("web", 0.7)
     assert parse_blend_spec("s3:/a:b/c:3") == ("s3:/a:b/c", 3.0)
     for bad in ("web", ":1", "web:", "web:x", "web:0", "web:-2", "web:nan", "web:inf"):
-        with pytest.raises(Exception, match="PATH:WEIGHT|weight"):
+        with pytest.raises(Exception, match=r"PATH:WEIGHT|weight"):
             parse_blend_spec(bad)
 
 

@@ -19,7 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tokshuf
-from blend_helpers import (
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from support.blend import (
     ref_draws,
     ref_quantise,
     reference_blend,
@@ -27,9 +29,7 @@ from blend_helpers import (
     single_pass_length,
     write_blend_caches,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from reader_helpers import reference_example_far, tagged_addresses
+from support.reader import reference_example_far, tagged_addresses
 
 # Random weights can round to 0 draws per period; that is warned about (test_blend.py) and fine.
 pytestmark = pytest.mark.filterwarnings("ignore:blend. the share:UserWarning")

@@ -35,9 +35,10 @@ from typing import List, Optional, Tuple
 import pytest
 import tokshuf
 import zstandard
-from cachecheck import assert_cache_holds
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
+from support.build import build
+from support.cache import assert_cache_holds
 from tokshuf._core import parse_line
 
 HANG_SECONDS = 120  # per parse, build or verify; the slowest take well under a second
@@ -286,17 +287,11 @@ def ref_file(data: bytes) -> Tuple[List[str], Counter, int, int, Optional[int], 
     return docs, skipped, blank, empty, first_bad, ambiguous
 
 
-def build(src: Path, out: Path, errors: str) -> tokshuf.BuildStats:
-    return tokshuf.build_cache(
-        [src], out, seqlen=16, chunk_size=100_000, shuffle=False, threads=2, progress=False, errors=errors
-    )
-
-
 def run_build(src: Path, out: Path, errors: str):
     """The build's stats, or its exception if it is a TokshufError; anything else fails the test."""
     try:
         with hang_guard((src.read_bytes(), errors)):
-            return build(src, out, errors)
+            return build([src], out, seqlen=16, chunk_size=100_000, shuffle=False, threads=2, errors=errors)
     except tokshuf.TokshufError as e:
         return e
     except BaseException as e:  # PanicException derives from BaseException

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import tokshuf
-from conftest import make_docs, write_jsonl
-from test_resume import assert_same_cache, snapshot
+from support.cache import assert_same_cache, file_bytes
+from support.corpus import parts
 
 OPTS = dict(seqlen=32, chunk_size=64, threads=2, progress=False)
 
@@ -24,7 +24,7 @@ OPTS = dict(seqlen=32, chunk_size=64, threads=2, progress=False)
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     root = tmp_path_factory.mktemp("diskfull")
-    return [write_jsonl(root / f"part{i}.jsonl", make_docs(150 + 60 * i, 200 + i)) for i in range(4)]
+    return parts(root, 4, docs=150, step=60, seed=200)
 
 
 def bytes_written(out: Path) -> int:
@@ -37,8 +37,8 @@ def assert_nothing_harmed(out: Path, want: Path) -> None:
     """Every file the failed build published is a file of the finished cache (or tokshuf.json /
     manifest.jsonl of a build in progress); no temporary file is left behind."""
     assert not list(out.rglob("*.tmp"))
-    good = snapshot(want)
-    for name, data in snapshot(out).items():
+    good = file_bytes(want)
+    for name, data in file_bytes(out).items():
         if name.startswith("shard_"):
             assert data == good[name], name
     meta = json.loads((out / "tokshuf.json").read_text())

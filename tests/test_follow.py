@@ -11,67 +11,31 @@ build for good so the test can kill it.
 
 from __future__ import annotations
 
-import json
 import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import List
 
 import numpy as np
 import pytest
 import tokshuf
-from conftest import make_docs, write_jsonl
+from support.build import BuildProcess
+from support.corpus import parts
 
 OPTS = dict(seqlen=32, chunk_size=8, threads=2, progress=False)
-
-RUNNER = """
-import json, sys, tokshuf
-tokshuf.build_cache(json.loads(sys.argv[1]), sys.argv[2], **json.loads(sys.argv[3]))
-"""
 
 
 @pytest.fixture
 def corpus(tmp_path: Path) -> List[Path]:
     """Four files, about 190 chunks of 8 contexts."""
-    return [write_jsonl(tmp_path / f"p{i}.jsonl", make_docs(40 + 15 * i, 7 + i)) for i in range(4)]
-
-
-class Build:
-    def __init__(self, inputs: List[Path], out: Path, opts: dict, env: Dict[str, str]) -> None:
-        self.trace = out.parent / (out.name + ".trace")
-        self.trace.write_text("")
-        full = {k: v for k, v in os.environ.items() if not k.startswith("TOKSHUF_TEST_")}
-        full.update(env)
-        full["TOKSHUF_TEST_TRACE"] = str(self.trace)
-        args = [sys.executable, "-c", RUNNER, json.dumps([str(p) for p in inputs]), str(out), json.dumps(opts)]
-        self.proc = subprocess.Popen(args, env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-
-    def wait_trace(self, line: str, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while line not in self.trace.read_text().splitlines():
-            if self.proc.poll() is not None:
-                raise AssertionError(f"build ended before {line!r}: {self.proc.communicate()[1].decode()}")
-            assert time.monotonic() < deadline, f"build never reached {line!r}"
-            time.sleep(0.005)
-
-    def finish(self, timeout: float = 120) -> None:
-        _, err = self.proc.communicate(timeout=timeout)
-        assert self.proc.returncode == 0, err.decode()
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
+    return parts(tmp_path, 4, docs=40, step=15, seed=7, name="p")
 
 
 def gated_build(inputs, out: Path, opts: dict, slow: str = "stage2.shard:6"):
     """A build held at point "start" (tokshuf.json exists, nothing tokenized) until `release()`."""
     gate = out.parent / (out.name + ".gate")
-    b = Build(inputs, out, opts, {"TOKSHUF_TEST_GATE": f"start:{gate}", "TOKSHUF_TEST_SLOW": slow})
+    b = BuildProcess(inputs, out, opts, {"TOKSHUF_TEST_GATE": f"start:{gate}", "TOKSHUF_TEST_SLOW": slow})
     b.wait_trace("gate start")
     return b, (lambda: gate.write_text("go"))
 
@@ -212,7 +176,7 @@ def test_follow_cache_reads_by_index(corpus, tmp_path):
 def test_dead_build_is_a_typed_error(corpus, tmp_path):
     out = tmp_path / "c"
     # Stops for good after its third shard: alive, but nothing more will come.
-    b = Build(corpus, out, OPTS, {"TOKSHUF_TEST_PAUSE": "stage2.shard:3"})
+    b = BuildProcess(corpus, out, OPTS, {"TOKSHUF_TEST_PAUSE": "stage2.shard:3"})
     b.wait_trace("paused stage2.shard")
     r = tokshuf.Reader(out, follow=True, timeout=0.3, batch_size=64, prefetch=0)
     with pytest.raises(tokshuf.FollowTimeoutError) as e:
@@ -242,7 +206,7 @@ def test_no_build_at_all(tmp_path):
 
 def test_second_concurrent_build_is_refused(corpus, tmp_path):
     out = tmp_path / "c"
-    b = Build(corpus, out, OPTS, {"TOKSHUF_TEST_PAUSE": "stage1.file"})
+    b = BuildProcess(corpus, out, OPTS, {"TOKSHUF_TEST_PAUSE": "stage1.file"})
     try:
         b.wait_trace("paused stage1.file")
         with pytest.raises(tokshuf.OutputExistsError, match="another tokshuf build"):

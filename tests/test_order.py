@@ -15,7 +15,7 @@ import pytest
 import tokshuf
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reader_helpers import (
+from support.reader import (
     Permutation,
     addresses,
     combine,

@@ -15,7 +15,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 import tokshuf
-from ray_cluster import ENV, LOOPBACK, LocalCluster, local_cluster
+from support.ray_cluster import ENV, LOOPBACK, LocalCluster, local_cluster
 from tokshuf import _ray
 from tokshuf.exceptions import ConfigError, InputError
 

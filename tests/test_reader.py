@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tokshuf
-from conftest import make_docs, write_jsonl
-from reader_helpers import addresses, write_cache
+from support.corpus import make_docs, write_jsonl
+from support.reader import addresses, write_cache
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -141,14 +141,14 @@ def test_tampered_members_are_caught_on_first_read(tmp_path):
     p.write_bytes(bytes(data))
     cache = tokshuf.Cache(d)
     cache[0]
-    with pytest.raises(tokshuf.CacheCorruptError, match="shard_00000001.tar"):
+    with pytest.raises(tokshuf.CacheCorruptError, match=r"shard_00000001.tar"):
         cache[4]
     d = write_cache(tmp_path / "j", [3, 3], 3, fmt="json.gz")
     p = d / "shard_00000000.tar"
     data = bytearray(p.read_bytes())
     data[512 + 20] ^= 0xFF  # inside the first gzip member
     p.write_bytes(bytes(data))
-    with pytest.raises(tokshuf.CacheCorruptError, match="shard_00000000.tar"):
+    with pytest.raises(tokshuf.CacheCorruptError, match=r"shard_00000000.tar"):
         tokshuf.Cache(d)[0]
 
 
@@ -355,7 +355,7 @@ def test_lazy_open_checks_each_shard_on_first_read(tmp_path, fmt):
         tokshuf.Cache(d)
     cache = tokshuf.Cache(d, check_files=False)
     assert addresses(cache.get_batch([0, 13])) == [(0, 0), (3, 1)]
-    with pytest.raises(tokshuf.CacheCorruptError, match="shard_00000001.tar"):
+    with pytest.raises(tokshuf.CacheCorruptError, match=r"shard_00000001.tar"):
         cache[5]
-    with pytest.raises(tokshuf.CacheCorruptError, match="shard_00000002.tar"):
+    with pytest.raises(tokshuf.CacheCorruptError, match=r"shard_00000002.tar"):
         cache[9]

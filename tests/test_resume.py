@@ -7,28 +7,21 @@ to timing); the rest land after a seeded random delay, anywhere at all.
 
 from __future__ import annotations
 
-import json
 import os
 import random
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import List
 
 import pytest
 import tokshuf
-from conftest import make_docs, write_jsonl
+from support.build import run_and_kill_after, run_to_pause, start_build
+from support.cache import assert_same_cache
+from support.corpus import make_docs, write_jsonl
 
 pytestmark = pytest.mark.slow
 
 OPTS = dict(seqlen=32, chunk_size=64, threads=2, progress=False)
-
-RUNNER = """
-import json, sys, tokshuf
-tokshuf.build_cache(json.loads(sys.argv[1]), sys.argv[2], **json.loads(sys.argv[3]))
-"""
 
 
 def make_corpus(root: Path, n_files: int = 6) -> List[Path]:
@@ -37,75 +30,6 @@ def make_corpus(root: Path, n_files: int = 6) -> List[Path]:
     return [
         write_jsonl(root / f"part{i:02d}{suffixes[i % 3]}", make_docs(250 + 80 * i, 100 + i)) for i in range(n_files)
     ]
-
-
-def start_build(inputs: List[Path], out: Path, opts: dict, env: Dict[str, str]) -> subprocess.Popen:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("TOKSHUF_TEST_")}
-    full_env.update(env)
-    args = [sys.executable, "-c", RUNNER, json.dumps([str(p) for p in inputs]), str(out), json.dumps(opts)]
-    return subprocess.Popen(args, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-
-
-def run_to_pause(inputs, out, opts, point: str, trace: Path, timeout: float = 60) -> Optional[str]:
-    """Start a build that stops at `point`; SIGKILL it there. Returns the point it was killed
-    at, or None when the build finished without reaching it."""
-    trace.write_text("")
-    proc = start_build(inputs, out, opts, {"TOKSHUF_TEST_TRACE": str(trace), "TOKSHUF_TEST_PAUSE": point})
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            lines = trace.read_text().splitlines()
-            paused = [line[len("paused ") :] for line in lines if line.startswith("paused ")]
-            if paused:
-                proc.send_signal(signal.SIGKILL)
-                proc.wait()
-                return point
-            if proc.poll() is not None:
-                _, err = proc.communicate()
-                assert proc.returncode == 0, err.decode()
-                return None
-            time.sleep(0.005)
-        raise AssertionError(f"build neither paused at {point} nor finished")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-
-
-def run_and_kill_after(inputs, out, opts, delay: float) -> bool:
-    """Start a build and SIGKILL it after `delay` seconds; True if it was still running."""
-    proc = start_build(inputs, out, opts, {})
-    try:
-        proc.wait(timeout=delay)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        return True
-    _, err = proc.communicate()
-    assert proc.returncode == 0, err.decode()
-    return False
-
-
-def snapshot(folder: Path) -> Dict[str, bytes]:
-    """Every file of a cache by relative path; tokshuf.json without its `build` key."""
-    files = {}
-    for p in sorted(folder.rglob("*")):
-        if p.is_file():
-            data = p.read_bytes()
-            if p.name == "tokshuf.json":
-                meta = json.loads(data)
-                meta.pop("build")
-                data = json.dumps(meta, sort_keys=True).encode()
-            files[str(p.relative_to(folder))] = data
-    return files
-
-
-def assert_same_cache(got: Path, want: Path) -> None:
-    a, b = snapshot(got), snapshot(want)
-    assert sorted(a) == sorted(b), "file sets differ (leftover temporary or missing files)"
-    for name in a:
-        assert a[name] == b[name], f"{name} differs"
-    assert not list(got.rglob("*.tmp")) and not (got / ".tokshuf-work").exists()
 
 
 # Named points (see the core's `testhook` calls), per phase, in build order. `NAME:N` = the N-th

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 import tokshuf
-from conftest import make_docs, write_jsonl
-from test_resume import assert_same_cache, run_to_pause
+from support.build import run_to_pause
+from support.cache import assert_same_cache
+from support.corpus import parts
 from tokshuf.__main__ import main
 from tokshuf._cli_status import build_status
 
@@ -21,7 +22,7 @@ OPTS = dict(seqlen=32, chunk_size=64, threads=2, progress=False)
 
 @pytest.fixture
 def corpus(tmp_path):
-    return [write_jsonl(tmp_path / "in" / f"part{i}.jsonl", make_docs(150 + 60 * i, 300 + i)) for i in range(4)]
+    return parts(tmp_path / "in", 4, docs=150, step=60, seed=300)
 
 
 def unfinished(inputs, out, monkeypatch, fail_after: int, **opts) -> None:
@@ -121,7 +122,7 @@ def test_foreign_files_are_never_removed(corpus, tmp_path):
     out.mkdir()
     (out / "notes.txt").write_text("mine")
     for overwrite in (False, True):
-        with pytest.raises(tokshuf.OutputExistsError, match="notes.txt"):
+        with pytest.raises(tokshuf.OutputExistsError, match=r"notes.txt"):
             tokshuf.build_cache(corpus, out, overwrite=overwrite, **OPTS)
     assert (out / "notes.txt").read_text() == "mine"
 
@@ -130,7 +131,7 @@ def test_shards_without_metadata_need_overwrite(corpus, tmp_path):
     out = tmp_path / "cache"
     out.mkdir()
     (out / "shard_00000000.tar").write_bytes(b"\0" * 1024)
-    with pytest.raises(tokshuf.OutputExistsError, match="no readable tokshuf.json"):
+    with pytest.raises(tokshuf.OutputExistsError, match=r"no readable tokshuf.json"):
         tokshuf.build_cache(corpus, out, **OPTS)
     tokshuf.build_cache(corpus, out, overwrite=True, **OPTS)
     tokshuf.build_cache(corpus, tmp_path / "clean", **OPTS)

@@ -3,6 +3,7 @@ hash.rs values are pinned, and the permutation is uniform."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import tempfile
@@ -10,14 +11,12 @@ from collections import Counter
 from itertools import permutations
 from pathlib import Path
 
-import cacheio
-import model
 import pytest
-import tokref
-import tokshuf
-from conftest import make_docs, write_jsonl
 from hypothesis import given
 from hypothesis import strategies as st
+from support import cache, model, tokref
+from support.build import build as run_build
+from support.corpus import make_docs, write_jsonl
 
 SPEC = "tiktoken:r50k_base"
 EOT = 50256
@@ -28,8 +27,7 @@ def encode():
     return tokref.tiktoken_reference("r50k_base").encode_ordinary
 
 
-def build(inputs, out, **kw):
-    return tokshuf.build_cache(inputs, out, tokenizer=SPEC, progress=False, **kw)
+build = functools.partial(run_build, tokenizer=SPEC)
 
 
 # --------------------------------------------------------------------------------------
@@ -118,7 +116,7 @@ def test_build_order_equals_reference(encode, files, seqlen, chunk_size, cells, 
             tail=tail,
             memory_limit=memory_limit,
         )
-        got = [[c.tolist() for c in ch] for ch in cacheio.read_chunks(Path(tmp) / "c")]
+        got = [[c.tolist() for c in ch] for ch in cache.read_chunks(Path(tmp) / "c")]
     used_cells = result.metadata["num_local_cells"]
     assert used_cells == (cells or 1)  # default: one cell per 65,536 contexts
     assert got == model.model_shuffle(streams, seed, used_cells, chunk_size)
@@ -134,7 +132,7 @@ def test_build_order_over_many_seeds(tmp_path, encode):
     for seed in range(12):
         out = tmp_path / f"s{seed}"
         build(inputs, out, seqlen=8, chunk_size=32, num_local_cells=5, seed=seed * 7919)
-        got = [[c.tolist() for c in ch] for ch in cacheio.read_chunks(out)]
+        got = [[c.tolist() for c in ch] for ch in cache.read_chunks(out)]
         assert got == model.model_shuffle(streams, seed * 7919, 5, 32), seed
 
 

@@ -4,17 +4,15 @@ still runs, with manifest.jsonl a prefix of the final one and tokshuf.json sayin
 
 from __future__ import annotations
 
-import io
 import json
-import tarfile
 from pathlib import Path
 from typing import List
 
-import numpy as np
 import pytest
 import tokshuf
-from conftest import make_docs, write_jsonl
-from test_resume import run_to_pause
+from support.build import run_to_pause
+from support.cache import read_chunks
+from support.corpus import make_docs, write_jsonl
 
 OPTS = dict(seqlen=32, chunk_size=16, threads=2, progress=False, shuffle=False)
 
@@ -58,14 +56,6 @@ def reference_chunks(inputs, meta) -> List[List[List[int]]]:
     return chunks
 
 
-def cache_chunks(out: Path) -> List[List[List[int]]]:
-    chunks = []
-    for line in (out / "manifest.jsonl").read_text().splitlines():
-        with tarfile.open(out / (json.loads(line)["shard"] + ".tar")) as tar:
-            chunks.append([np.load(io.BytesIO(tar.extractfile(m).read())).tolist() for m in tar.getmembers()])
-    return chunks
-
-
 @pytest.fixture
 def uneven_corpus(tmp_path):
     """Files of very different lengths (one with no whole context, one with empty documents),
@@ -84,7 +74,10 @@ def uneven_corpus(tmp_path):
 def test_round_robin_order_matches_reference(uneven_corpus, tmp_path, tail):
     out = tmp_path / "cache"
     stats = tokshuf.build_cache(uneven_corpus, out, tail=tail, **OPTS)
-    got, want = cache_chunks(out), reference_chunks(uneven_corpus, stats.metadata)
+    got, want = (
+        [[c.tolist() for c in chunk] for chunk in read_chunks(out)],
+        reference_chunks(uneven_corpus, stats.metadata),
+    )
     assert [len(c) for c in got] == [len(c) for c in want] == stats.metadata["chunk_sizes"]
     assert got == want
     manifest = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
@@ -98,7 +91,7 @@ def test_more_files_than_are_read_side_by_side(tmp_path):
     inputs = [write_jsonl(tmp_path / "in" / f"f{i:03d}.jsonl", make_docs(2 + i % 7, i)) for i in range(70)]
     out = tmp_path / "cache"
     stats = tokshuf.build_cache(inputs, out, **dict(OPTS, chunk_size=4, tail="pad"))
-    assert cache_chunks(out) == reference_chunks(inputs, stats.metadata)
+    assert [[c.tolist() for c in chunk] for chunk in read_chunks(out)] == reference_chunks(inputs, stats.metadata)
 
 
 def test_thread_count_does_not_change_the_bytes(uneven_corpus, tmp_path):

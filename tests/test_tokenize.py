@@ -14,10 +14,10 @@ import hashlib
 import time
 
 import pytest
-import tokref
 import tokshuf
 from hypothesis import given
 from hypothesis import strategies as st
+from support import tokref
 
 NEOX = str(tokref.NEOX_JSON)
 TIKTOKEN_SPECS = [f"tiktoken:{n}" for n in tokref.TIKTOKEN_NAMES]

@@ -14,10 +14,10 @@ import functools
 import json
 
 import pytest
-import tokref
 import tokshuf
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import tokref
 from tokshuf import _core
 
 SAMPLE = tokref.SAMPLE
@@ -69,7 +69,7 @@ def test_unknown_backend_is_a_config_error():
 
 def test_build_records_the_backend(tmp_path):
     docs = [t for t in sample_texts()[:20]]
-    from conftest import write_jsonl
+    from support.corpus import write_jsonl
 
     src = write_jsonl(tmp_path / "in.jsonl", docs)
     ids = {}

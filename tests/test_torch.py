@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
 import tokshuf  # noqa: E402
-from reader_helpers import write_cache  # noqa: E402
+from support.reader import write_cache  # noqa: E402
 from tokshuf.torch import ReaderDataset  # noqa: E402
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tokshuf
-from conftest import make_docs, write_jsonl
+from support.corpus import make_docs, write_jsonl
 from tokshuf.__main__ import main
 
 SEQLEN = 64
@@ -103,7 +103,9 @@ def test_cli_exit_codes(cache, capsys):
 
 
 def test_cli_as_a_program(cache):
-    run = lambda *a: subprocess.run([sys.executable, "-m", "tokshuf", "verify", *a], capture_output=True, text=True)
+    def run(*a):
+        return subprocess.run([sys.executable, "-m", "tokshuf", "verify", *a], capture_output=True, text=True)
+
     assert run(str(cache), "--full", "-q").returncode == 0
     flip(cache / "shard_00000000.tar", os.path.getsize(cache / "shard_00000000.tar") // 2 + 1)
     r = run(str(cache), "--full")
@@ -323,7 +325,7 @@ def test_leftovers_are_warnings(cache):
 
 def test_raise_if_bad(cache):
     (cache / "shard_00000000.tar").unlink()
-    with pytest.raises(tokshuf.CacheCorruptError, match="shard_00000000.tar: missing") as ei:
+    with pytest.raises(tokshuf.CacheCorruptError, match=r"shard_00000000.tar: missing") as ei:
         tokshuf.verify(cache).raise_if_bad()
     assert isinstance(ei.value, ValueError)
 

@@ -15,14 +15,6 @@ from .exceptions import ConfigError
 DEFAULT_TOKENIZER = "tiktoken:r50k_base"
 
 
-def _default_memory_limit() -> int:
-    """Half of physical memory: only bounds how many cell ids stage 2 holds at once."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
-    except (ValueError, OSError, AttributeError):
-        return 4 << 30
-
-
 @dataclass(frozen=True)
 class BuildStats:
     """What a build produced; ``metadata`` is the whole tokshuf.json."""
@@ -108,75 +100,41 @@ def build_cache(
     starts a local one; ``threads`` is then the CPUs (and threads) of each task. The cache is
     byte-identical to ``engine="local"``'s but for tokshuf.json's ``build``.
     """
-    for name, value in (("seqlen", seqlen), ("chunk_size", chunk_size)):
-        if not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{name} must be a positive integer, not {value!r}")
-    if num_local_cells is not None and num_local_cells < 1:
-        raise ConfigError(f"num_local_cells must be positive, not {num_local_cells!r}")
-    if threads is not None and threads < 1:
-        raise ConfigError(f"threads must be positive, not {threads!r}")
-    if not 0 <= seed < 2**64:
-        raise ConfigError(f"seed must be in [0, 2**64), not {seed!r}")
     if engine not in ("local", "ray"):
         raise ConfigError(f"engine must be 'local' or 'ray', not {engine!r}")
     if ray_address is not None and engine != "ray":
         raise ConfigError("ray_address is an option of engine='ray'")
-    files = expand_inputs(inputs)
+    options = dict(
+        inputs=expand_inputs(inputs),
+        output=os.fspath(output),
+        tokenizer=tokenizer,
+        seqlen=seqlen,
+        chunk_size=chunk_size,
+        num_local_cells=num_local_cells,
+        local_cell_dir=None if local_cell_dir is None else os.fspath(local_cell_dir),
+        seed=seed,
+        threads=threads,
+        text_key=text_key,
+        format=format,
+        tail=tail,
+        eot_id=eot_id,
+        pad_id=pad_id,
+        bos=bos,
+        bos_id=bos_id,
+        allow_special_tokens=allow_special_tokens,
+        shuffle=shuffle,
+        memory_limit=memory_limit,
+        errors=errors,
+        progress=progress,
+        overwrite=overwrite,
+        tokenizer_backend=tokenizer_backend,
+    )
     if engine == "ray":
         from . import _ray
 
-        args = dict(
-            inputs=files,
-            output=os.fspath(output),
-            tokenizer=tokenizer,
-            seqlen=seqlen,
-            chunk_size=chunk_size,
-            num_local_cells=num_local_cells,
-            local_cell_dir=None if local_cell_dir is None else os.fspath(local_cell_dir),
-            seed=seed,
-            text_key=text_key,
-            format=format,
-            tail=tail,
-            eot_id=eot_id,
-            pad_id=pad_id,
-            bos=bos,
-            bos_id=bos_id,
-            allow_special_tokens=allow_special_tokens,
-            shuffle=shuffle,
-            memory_limit=memory_limit or _default_memory_limit(),
-            errors=errors,
-            overwrite=overwrite,
-            tokenizer_backend=tokenizer_backend,
-        )
-        meta = _ray.build(args, _ray.RayOptions(address=ray_address or "auto", cpus_per_task=threads), progress)
+        meta = _ray.build(options, _ray.RayOptions(address=ray_address or "auto", cpus_per_task=threads), progress)
     else:
-        meta = json.loads(
-            _core.build_cache(
-                files,
-                os.fspath(output),
-                tokenizer,
-                seqlen,
-                chunk_size,
-                num_local_cells,
-                None if local_cell_dir is None else os.fspath(local_cell_dir),
-                seed,
-                threads or 0,
-                text_key,
-                format,
-                tail,
-                eot_id,
-                pad_id,
-                bos,
-                bos_id,
-                allow_special_tokens,
-                shuffle,
-                memory_limit or _default_memory_limit(),
-                errors,
-                progress,
-                overwrite,
-                tokenizer_backend,
-            )
-        )
+        meta = json.loads(_core.build_cache(**options))
     stats = BuildStats(
         output=os.fspath(output),
         num_chunks=meta["num_chunks"],

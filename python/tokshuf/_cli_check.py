@@ -141,9 +141,9 @@ def _cmd(args: argparse.Namespace) -> int:
     if args.reference in ("auto", "python"):
         try:
             name, ref_encode = python_reference(args.tokenizer, args.allow_special_tokens)
-        except ImportError:
+        except ImportError as e:
             if args.reference == "python":
-                raise ConfigError("--reference python: the tiktoken / tokenizers package is not installed")
+                raise ConfigError("--reference python: the tiktoken / tokenizers package is not installed") from e
     if ref_encode is None:
         ref = _core.Tokenizer(args.tokenizer, allow_special_tokens=args.allow_special_tokens, backend="reference")
         name, ref_encode = f"tokshuf {ref.backend} (reference backend)", ref.encode

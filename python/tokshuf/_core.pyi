@@ -1,63 +1,42 @@
 """Type stubs of the compiled module ``tokshuf._core`` (checked by ``mypy.stubtest``)."""
 
-from typing import Any, List, Optional, Tuple
+import os
+from typing import Any, List, Optional, Tuple, Union
 
 import numpy as np
+import numpy.typing as npt
+from typing_extensions import final
+
+_StrPath = Union[str, "os.PathLike[str]"]
 
 __version__: str
+__all__ = [
+    "BlendSchedule",
+    "BuildSteps",
+    "Cache",
+    "Prefetcher",
+    "ReaderCore",
+    "Tokenizer",
+    "__version__",
+    "_fast_char_classes",
+    "_fast_pretokenize",
+    "_tiktoken_data",
+    "_tokenizer_json_path",
+    "build_cache",
+    "build_status",
+    "parse_line",
+]
 
-def build_cache(
-    inputs: List[str],
-    output: str,
-    tokenizer: str,
-    seqlen: int,
-    chunk_size: int,
-    num_local_cells: Optional[int],
-    local_cell_dir: Optional[str],
-    seed: int,
-    threads: int,
-    text_key: str,
-    format: str,
-    tail: str,
-    eot_id: Optional[int],
-    pad_id: Optional[int],
-    bos: bool,
-    bos_id: Optional[int],
-    allow_special_tokens: bool,
-    shuffle: bool,
-    memory_limit: int,
-    errors: str,
-    progress: bool,
-    overwrite: bool,
-    tokenizer_backend: str = "auto",
-) -> str: ...
-def build_status(output: str, local_cell_dir: Optional[str] = None) -> str: ...
+def build_cache(**options: Any) -> str:
+    """Build a cache from the keyword options of ``tokshuf.build_cache``; returns tokshuf.json."""
 
+def build_status(output: _StrPath, local_cell_dir: Optional[_StrPath] = None) -> str: ...
+
+@final
 class BuildSteps:
-    def __new__(
-        cls,
-        inputs: List[str],
-        output: str,
-        tokenizer: str,
-        seqlen: int,
-        chunk_size: int,
-        num_local_cells: Optional[int],
-        local_cell_dir: Optional[str],
-        seed: int,
-        text_key: str,
-        format: str,
-        tail: str,
-        eot_id: Optional[int],
-        pad_id: Optional[int],
-        bos: bool,
-        bos_id: Optional[int],
-        allow_special_tokens: bool,
-        shuffle: bool,
-        memory_limit: int,
-        errors: str,
-        overwrite: bool,
-        tokenizer_backend: str = "auto",
-    ) -> BuildSteps: ...
+    """The build's steps one call at a time (the Ray engine): the options of ``build_cache``."""
+
+    def __new__(cls, **options: Any) -> BuildSteps: ...
     @property
     def work(self) -> str: ...
     def input_sizes(self) -> List[int]: ...
@@ -72,6 +51,7 @@ class BuildSteps:
     def finish(self, build: str) -> str: ...
     def release(self) -> None: ...
 
+@final
 class Tokenizer:
     def __new__(cls, spec: str, allow_special_tokens: bool = False, backend: str = "auto") -> Tokenizer: ...
     @property
@@ -92,8 +72,9 @@ class Tokenizer:
     def encode_batch(self, texts: List[str], threads: int = 0) -> List[List[int]]: ...
     def decode(self, ids: List[int]) -> str: ...
 
+@final
 class BlendSchedule:
-    def __new__(cls, weights: List[float], quantum: int = 65536) -> BlendSchedule: ...
+    def __new__(cls, weights: List[float], quantum: int = ...) -> BlendSchedule: ...
     def __reduce__(self) -> Tuple[type, Tuple[List[float], int]]: ...
     @property
     def num_datasets(self) -> int: ...
@@ -113,11 +94,11 @@ class BlendSchedule:
     def max_lag(self) -> float: ...
     @property
     def max_lead(self) -> float: ...
-    def period(self) -> Tuple[np.ndarray, np.ndarray]: ...
+    def period(self) -> Tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint32]]: ...
     def locate(self, m: int, sizes: Optional[List[int]] = None) -> Tuple[int, int]: ...
     def locate_many(
-        self, ms: np.ndarray, sizes: Optional[np.ndarray] = None
-    ) -> Tuple[np.ndarray, np.ndarray]: ...
+        self, ms: npt.NDArray[np.uint64], sizes: Optional[npt.NDArray[np.uint64]] = None
+    ) -> Tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint64]]: ...
     def position(self, k: int, e: int) -> int: ...
     def counts(self, m: int) -> List[int]: ...
     def cover_length(self, sizes: List[int]) -> int: ...
@@ -135,9 +116,10 @@ class BlendSchedule:
         dtype: str,
     ) -> ReaderCore: ...
 
+@final
 class Cache:
     def __new__(
-        cls, path: str, check_files: bool = True, follow: bool = False, timeout: Optional[float] = None
+        cls, path: _StrPath, check_files: bool = True, follow: bool = False, timeout: Optional[float] = None
     ) -> Cache: ...
     @property
     def path(self) -> str: ...
@@ -162,8 +144,9 @@ class Cache:
     @property
     def default_ideal_readers(self) -> int: ...
     def __len__(self) -> int: ...
-    def get(self, indices: List[int], dtype: str) -> Any: ...
+    def get(self, indices: List[int], dtype: str) -> npt.NDArray[Any]: ...
 
+@final
 class ReaderCore:
     def __new__(
         cls,
@@ -178,7 +161,7 @@ class ReaderCore:
         drop_last: bool,
         dtype: str,
     ) -> ReaderCore: ...
-    def batch(self, first: int) -> Any: ...
+    def batch(self, first: int) -> npt.NDArray[Any]: ...
     def has_batch(self, first: int) -> bool: ...
     def locate(self, i: int) -> Tuple[int, int, int]: ...
     @property
@@ -193,8 +176,9 @@ class ReaderCore:
     def source_description(self) -> str: ...
     def prefetch(self, first: int, threads: int, depth: int, every: int = 1) -> Prefetcher: ...
 
+@final
 class Prefetcher:
-    def next(self) -> Optional[Tuple[int, Any]]: ...
+    def next(self) -> Optional[Tuple[int, npt.NDArray[Any]]]: ...
 
 def parse_line(line: bytes, key: str = "text") -> Tuple[str, Optional[str]]: ...
 def _fast_pretokenize(pattern: str, engine_name: str, text: str) -> Optional[List[str]]: ...

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import glob
 import os
-from pathlib import Path
 from typing import Iterable, List, Union
 
 from .exceptions import ConfigError, InputNotFoundError, TokshufIOError, TokshufPermissionError
@@ -83,7 +82,3 @@ def _identity(path: str) -> object:
         return (st.st_dev, st.st_ino)
     except OSError:  # dangling or looping link: kept, so the build names it in its error
         return os.path.realpath(path)
-
-
-def resolve_output(output: PathLike) -> Path:
-    return Path(os.fspath(output))

@@ -8,6 +8,11 @@ vocabulary size, and with ``full=True`` the sha256 recorded in the manifest.
 Only files named by a validated manifest line (``shard_NNNNNNNN.tar`` inside the folder) are
 ever opened; nothing is unpickled or executed, and no size read from a file is trusted before
 it is compared with the real file size, so a crafted cache cannot make this allocate much.
+
+This checker is deliberately independent of the Rust core: it re-derives the format from the
+specification with the standard library and NumPy instead of calling the core's parsers, so a
+bug shared by the core's writer and reader (which would make them agree with each other) still
+shows up here. The cost is a second implementation of the layout rules, kept small.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-//! One error type for the whole core. Each variant maps to one Python exception class
-//! (see `kind()`), so the bindings never have to parse messages.
+//! One error type for the whole core. The bindings map each variant to one Python exception
+//! class, so they never have to parse messages.
 
 use std::path::{Path, PathBuf};
 
@@ -50,27 +50,6 @@ impl Error {
     }
     pub fn corrupt(path: impl AsRef<Path>, reason: impl Into<String>) -> Self {
         Error::Corrupt { path: path.as_ref().to_path_buf(), reason: reason.into() }
-    }
-    /// The name of the Python exception class this error becomes.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Error::BadInput { .. } => "InputError",
-            Error::Io { source, .. } => match source.kind() {
-                std::io::ErrorKind::NotFound => "InputNotFoundError",
-                std::io::ErrorKind::PermissionDenied => "TokshufPermissionError",
-                std::io::ErrorKind::StorageFull => "DiskFullError",
-                _ if source.raw_os_error() == Some(28) => "DiskFullError",
-                _ => "TokshufIOError",
-            },
-            Error::DiskFull { .. } => "DiskFullError",
-            Error::Config(_) => "ConfigError",
-            Error::Tokenizer(_) => "TokenizerError",
-            Error::Corrupt { .. } => "CacheCorruptError",
-            Error::OutputExists(_) => "OutputExistsError",
-            Error::BuildNotRunning(_) => "BuildNotRunningError",
-            Error::FollowTimeout(_) => "FollowTimeoutError",
-            Error::Interrupted => "KeyboardInterrupt",
-        }
     }
 }
 

@@ -1,4 +1,4 @@
-//! Bindings of `tokshuf_core::blend`: the `BlendSchedule` class (periodic weighted schedule,
+//! Bindings of `tokshuf_core::read::blend`: the `BlendSchedule` class (periodic weighted schedule,
 //! O(1) lookup of blended examples, and the reader over a blend of caches). `tokshuf.Blend` in
 //! Python wraps it.
 
@@ -8,8 +8,8 @@ use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
-use tokshuf_core::blend::{BlendSource, Schedule};
-use tokshuf_core::order::{cache_source, OrderOptions, Source};
+use tokshuf_core::read::blend::{BlendSource, Schedule};
+use tokshuf_core::read::order::{cache_source, OrderOptions, Source};
 use tokshuf_core::Error;
 
 use crate::reader::{PyCache, ReaderCore};
@@ -26,21 +26,21 @@ pub struct BlendSchedule {
 /// (datasets, example indices) of a batch of blended indices.
 type Located<'py> = (Bound<'py, PyArray1<u32>>, Bound<'py, PyArray1<u64>>);
 
-fn config_err(py: Python<'_>, msg: String) -> PyErr {
-    to_pyerr(py, Error::Config(msg))
+fn config_err(msg: String) -> PyErr {
+    to_pyerr(Error::Config(msg))
 }
 
 fn contiguous<'a, T: numpy::Element>(a: &'a PyReadonlyArray1<'_, T>, what: &str) -> PyResult<&'a [T]> {
-    a.as_slice().map_err(|_| Python::attach(|py| config_err(py, format!("{what} must be a contiguous 1-D array"))))
+    a.as_slice().map_err(|_| config_err(format!("{what} must be a contiguous 1-D array")))
 }
 
 #[pymethods]
 impl BlendSchedule {
     #[new]
-    #[pyo3(signature = (weights, quantum=tokshuf_core::blend::DEFAULT_QUANTUM))]
+    #[pyo3(signature = (weights, quantum=tokshuf_core::read::blend::DEFAULT_QUANTUM))]
     fn new(py: Python<'_>, weights: Vec<f64>, quantum: u64) -> PyResult<Self> {
         let w = weights.clone();
-        let inner = py.detach(move || Schedule::new(&w, quantum)).map_err(|e| to_pyerr(py, e))?;
+        let inner = py.detach(move || Schedule::new(&w, quantum)).map_err(to_pyerr)?;
         Ok(BlendSchedule { inner: Arc::new(inner), weights })
     }
 
@@ -109,11 +109,11 @@ impl BlendSchedule {
     /// Blended example m -> (dataset k, example index in k). With `sizes`, the index wraps
     /// modulo sizes[k] (single pass over finite datasets).
     #[pyo3(signature = (m, sizes=None))]
-    fn locate(&self, py: Python<'_>, m: u64, sizes: Option<Vec<u64>>) -> PyResult<(usize, u64)> {
+    fn locate(&self, m: u64, sizes: Option<Vec<u64>>) -> PyResult<(usize, u64)> {
         match sizes {
             None => Ok(self.inner.locate(m)),
             Some(s) => {
-                self.inner.check_sizes(&s).map_err(|e| to_pyerr(py, e))?;
+                self.inner.check_sizes(&s).map_err(to_pyerr)?;
                 Ok(self.inner.locate_wrapped(m, &s))
             }
         }
@@ -132,7 +132,7 @@ impl BlendSchedule {
         let sizes = match &sizes {
             Some(s) => {
                 let s = contiguous(s, "sizes")?;
-                self.inner.check_sizes(s).map_err(|e| to_pyerr(py, e))?;
+                self.inner.check_sizes(s).map_err(to_pyerr)?;
                 Some(s)
             }
             None => None,
@@ -155,14 +155,12 @@ impl BlendSchedule {
     }
 
     /// Inverse of `locate`: the blended index at which dataset k's example e is drawn.
-    fn position(&self, py: Python<'_>, k: usize, e: u64) -> PyResult<u64> {
+    fn position(&self, k: usize, e: u64) -> PyResult<u64> {
         if k >= self.inner.num_datasets() {
             let n = self.inner.num_datasets();
-            return Err(config_err(py, format!("dataset {k} is not in a blend of {n}")));
+            return Err(config_err(format!("dataset {k} is not in a blend of {n}")));
         }
-        self.inner
-            .position(k, e)
-            .ok_or_else(|| config_err(py, format!("example {e} of dataset {k} is beyond 2**64 blended examples")))
+        self.inner.position(k, e).ok_or_else(|| config_err(format!("example {e} of dataset {k} is beyond 2**64 blended examples")))
     }
 
     /// Draws of each dataset among blended examples 0..m.
@@ -191,11 +189,11 @@ impl BlendSchedule {
         dtype: &str,
     ) -> PyResult<ReaderCore> {
         if ideal_readers == 0 {
-            return Err(config_err(py, "ideal_readers must be positive".into()));
+            return Err(config_err("ideal_readers must be positive".into()));
         }
         let caches: Vec<_> = caches.iter().map(|c| c.inner.clone()).collect();
         if let Some(c) = caches.iter().find(|c| c.is_empty()) {
-            return Err(config_err(py, format!("{}: cache holds no contexts", c.root.display())));
+            return Err(config_err(format!("{}: cache holds no contexts", c.root.display())));
         }
         let opts = OrderOptions { ideal_readers, seed, reshuffle };
         let (schedule, cs) = (self.inner.clone(), caches.clone());
@@ -204,14 +202,14 @@ impl BlendSchedule {
                 let orders = cs.iter().map(|c| cache_source(&c.sizes(), c.meta.chunk_size, opts, single_pass)).collect();
                 BlendSource::new(schedule, orders)
             })
-            .map_err(|e| to_pyerr(py, e))?;
+            .map_err(to_pyerr)?;
         let source: Arc<dyn Source> = Arc::new(source);
-        ReaderCore::from_source(py, caches, source, batch_size, rank, world_size, dtype, drop_last)
+        ReaderCore::from_source(caches, source, batch_size, rank, world_size, dtype, drop_last)
     }
 
     /// Shortest prefix of the blend that draws every example of every dataset at least once.
-    fn cover_length(&self, py: Python<'_>, sizes: Vec<u64>) -> PyResult<u64> {
-        self.inner.cover_length(&sizes).map_err(|e| to_pyerr(py, e))
+    fn cover_length(&self, sizes: Vec<u64>) -> PyResult<u64> {
+        self.inner.cover_length(&sizes).map_err(to_pyerr)
     }
 }
 

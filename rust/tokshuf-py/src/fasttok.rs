@@ -3,7 +3,7 @@
 
 use pyo3::prelude::*;
 
-use tokshuf_core::pretok::{self, CharClasses, Engine, Pattern, PreTokenizer};
+use tokshuf_core::tokenize::pretok::{self, CharClasses, Engine, Pattern, PreTokenizer};
 use tokshuf_core::Error;
 
 fn engine(name: &str) -> PyResult<Engine> {
@@ -32,17 +32,11 @@ fn _fast_pretokenize(py: Python<'_>, pattern: &str, engine_name: &str, text: &st
 #[pyfunction]
 fn _fast_char_classes(py: Python<'_>) -> PyResult<Vec<(String, Vec<u32>)>> {
     let t = py.detach(CharClasses::shared).map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
-    let mut out: Vec<(String, Vec<u32>)> = [
-        ("L", pretok::L),
-        ("N", pretok::N),
-        ("S", pretok::S),
-        ("UP", pretok::UP),
-        ("LO", pretok::LO),
-        ("NFC_SAFE", pretok::NFC_SAFE),
-    ]
-    .iter()
-    .map(|&(name, bit)| (name.to_string(), t.members(bit)))
-    .collect();
+    let mut out: Vec<(String, Vec<u32>)> =
+        [("L", pretok::L), ("N", pretok::N), ("S", pretok::S), ("UP", pretok::UP), ("LO", pretok::LO), ("NFC_SAFE", pretok::NFC_SAFE)]
+            .iter()
+            .map(|&(name, bit)| (name.to_string(), t.members(bit)))
+            .collect();
     for l in *b"stmdlver" {
         out.push((format!("fold_{}", l as char), t.fold_members(l)));
     }
@@ -52,8 +46,7 @@ fn _fast_char_classes(py: Python<'_>) -> PyResult<Vec<(String, Vec<u32>)>> {
 /// The embedded `.tiktoken` ranks file of a tiktoken encoding, decompressed.
 #[pyfunction]
 fn _tiktoken_data<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
-    let data = tokshuf_core::tokenizer::tiktoken_data(name)
-        .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
+    let data = tokshuf_core::tokenize::tiktoken_data(name).map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
     Ok(pyo3::types::PyBytes::new(py, &data))
 }
 
@@ -61,8 +54,7 @@ fn _tiktoken_data<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, pyo3:
 /// reference of `check-tokenizer`).
 #[pyfunction]
 fn _tokenizer_json_path(spec: &str) -> PyResult<String> {
-    let path = tokshuf_core::tokenizer::tokenizer_json_path(spec)
-        .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
+    let path = tokshuf_core::tokenize::tokenizer_json_path(spec).map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
     Ok(path.to_string_lossy().into_owned())
 }
 

@@ -2,7 +2,7 @@
 
 use pyo3::prelude::*;
 
-use tokshuf_core::input::{self, Line};
+use tokshuf_core::build::input::{self, Line};
 
 /// Classify one input line (without its newline) as the builder does: `("text", text)`,
 /// `("blank", None)` or `(reason, message)` with a reason as counted under `skipped`.

@@ -9,22 +9,12 @@ use numpy::ndarray::Array2;
 use numpy::{PyArray, PyArray2};
 use pyo3::prelude::*;
 
-use tokshuf_core::cache::{Cache, Id};
-use tokshuf_core::order::{cache_source, OrderOptions, Source};
-use tokshuf_core::reader::{Batch, BatchSpec, Next, OutDtype, Prefetcher};
+use tokshuf_core::read::cache::{Cache, Id};
+use tokshuf_core::read::order::{OrderOptions, Source};
+use tokshuf_core::read::reader::{Batch, BatchSpec, Next, OutDtype, Prefetcher};
 use tokshuf_core::Error;
 
 use crate::{run_detached, to_pyerr};
-
-fn out_dtype(py: Python<'_>, name: &str) -> PyResult<OutDtype> {
-    Ok(match name {
-        "uint16" => OutDtype::U16,
-        "uint32" => OutDtype::U32,
-        "int32" => OutDtype::I32,
-        "int64" => OutDtype::I64,
-        _ => return Err(to_pyerr(py, Error::Config(format!("dtype={name:?}: expected int32, int64, uint16 or uint32")))),
-    })
-}
 
 fn to_numpy<'py>(py: Python<'py>, rows: usize, seqlen: usize, batch: Batch) -> PyResult<Bound<'py, PyAny>> {
     fn arr<'py, T: numpy::Element>(py: Python<'py>, shape: (usize, usize), v: Vec<T>) -> PyResult<Bound<'py, PyAny>> {
@@ -50,14 +40,14 @@ pub struct PyCache {
 #[pymethods]
 impl PyCache {
     /// `follow`: open a cache whose build is still running (waits for what it needs, at most
-    /// `timeout` seconds per wait; see tokshuf_core::follow).
+    /// `timeout` seconds per wait; see tokshuf_core::read::follow).
     #[new]
     #[pyo3(signature = (path, check_files=true, follow=false, timeout=None))]
     fn new(py: Python<'_>, path: PathBuf, check_files: bool, follow: bool, timeout: Option<f64>) -> PyResult<Self> {
-        let timeout = follow_timeout(py, timeout)?;
+        let timeout = tokshuf_core::read::follow::timeout(timeout).map_err(to_pyerr)?;
         let inner = run_detached(py, move |cancel| {
             if follow {
-                tokshuf_core::follow::open(&path, check_files, timeout, &cancel)
+                tokshuf_core::read::follow::open(&path, check_files, timeout, &cancel)
             } else {
                 Cache::open_with(&path, check_files)
             }
@@ -67,7 +57,7 @@ impl PyCache {
     /// Opened in follow mode on a build that was not complete yet.
     #[getter]
     fn following(&self) -> bool {
-        self.inner.follow.is_some()
+        self.inner.is_following()
     }
     #[getter]
     fn recipe_fingerprint(&self) -> &str {
@@ -92,15 +82,15 @@ impl PyCache {
     #[getter]
     fn dtype(&self) -> &'static str {
         match self.inner.meta.dtype {
-            tokshuf_core::meta::Dtype::Uint16 => "uint16",
-            tokshuf_core::meta::Dtype::Uint32 => "uint32",
+            tokshuf_core::format::Dtype::Uint16 => "uint16",
+            tokshuf_core::format::Dtype::Uint32 => "uint32",
         }
     }
     #[getter]
     fn format(&self) -> &'static str {
         match self.inner.meta.format {
-            tokshuf_core::meta::Format::Npy => "npy",
-            tokshuf_core::meta::Format::JsonGz => "json.gz",
+            tokshuf_core::format::Format::Npy => "npy",
+            tokshuf_core::format::Format::JsonGz => "json.gz",
         }
     }
     #[getter]
@@ -115,11 +105,7 @@ impl PyCache {
     /// (Following a streaming build: waits for the plan or 64 chunks.)
     #[getter]
     fn default_ideal_readers(&self, py: Python<'_>) -> PyResult<u64> {
-        let c = self.inner.clone();
-        match (&c.follow, c.final_plan, c.meta.ideal_readers) {
-            (Some(_), false, None) => run_detached(py, move |cancel| c.follow.as_ref().map_or(Ok(1), |f| f.default_ideal_readers(&cancel))),
-            _ => Ok(c.default_ideal_readers()),
-        }
+        waiting(py, &self.inner, |c, cancel| c.wait_default_ideal_readers(cancel))
     }
     /// (Following a build: waits for the chunk plan.)
     fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
@@ -127,9 +113,9 @@ impl PyCache {
     }
     /// Contexts by global index (manifest order) as a `(len(indices), seqlen)` array.
     fn get<'py>(&self, py: Python<'py>, indices: Vec<u64>, dtype: &str) -> PyResult<Bound<'py, PyAny>> {
-        let dt = out_dtype(py, dtype)?;
+        let dt: OutDtype = dtype.parse().map_err(to_pyerr)?;
         let cache = self.inner.clone();
-        if cache.follow.is_some() {
+        if cache.is_following() {
             return self.get_following(py, indices, dt);
         }
         let n = cache.len();
@@ -152,7 +138,7 @@ impl PyCache {
                     OutDtype::I64 => Batch::I64(fill(&cache, locs, rows)?),
                 })
             })
-            .map_err(|e| to_pyerr(py, e))?;
+            .map_err(to_pyerr)?;
         to_numpy(py, rows, seqlen, batch)
     }
 }
@@ -165,8 +151,8 @@ impl PyCache {
         if let Some(bad) = indices.iter().find(|&&i| i >= n) {
             return Err(pyo3::exceptions::PyIndexError::new_err(format!("context {bad} out of range (cache holds {n})")));
         }
-        let source = Arc::new(tokshuf_core::order::SinglePass::new(&sizes));
-        let spec = BatchSpec::new(vec![self.inner.clone()], source, 1, 0, 1, dt, false).map_err(|e| to_pyerr(py, e))?;
+        let source = Arc::new(tokshuf_core::read::order::SinglePass::new(&sizes));
+        let spec = BatchSpec::new(vec![self.inner.clone()], source, 1, 0, 1, dt, false).map_err(to_pyerr)?;
         let rows = indices.len();
         let seqlen = self.inner.seqlen();
         let batch = run_detached(py, move |cancel| {
@@ -192,21 +178,22 @@ fn concat(parts: Vec<Batch>) -> Batch {
     }
 }
 
-fn follow_timeout(py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<Duration>> {
-    match timeout {
-        None => Ok(None),
-        Some(t) if t.is_finite() && t >= 0.0 => Ok(Some(Duration::from_secs_f64(t))),
-        Some(t) => Err(to_pyerr(py, Error::Config(format!("timeout={t}: expected a number of seconds >= 0 or None")))),
+/// `f` on the cache: on another thread, checking for Ctrl-C, when it may wait for a build.
+fn waiting<T: Send + 'static>(
+    py: Python<'_>,
+    c: &Arc<Cache>,
+    f: impl FnOnce(&Cache, &std::sync::atomic::AtomicBool) -> tokshuf_core::Result<T> + Send + 'static,
+) -> PyResult<T> {
+    if !c.may_wait() {
+        return f(c, &std::sync::atomic::AtomicBool::new(false)).map_err(to_pyerr);
     }
+    let c = c.clone();
+    run_detached(py, move |cancel| f(&c, &cancel))
 }
 
 /// Chunk sizes of the whole cache (following a build: waits for the plan).
 fn final_sizes(py: Python<'_>, c: &Arc<Cache>) -> PyResult<Vec<u64>> {
-    if c.final_plan {
-        return Ok(c.sizes());
-    }
-    let c = c.clone();
-    run_detached(py, move |cancel| c.follow.as_ref().map_or(Ok(Vec::new()), |f| f.wait_plan(&cancel)))
+    waiting(py, c, |c, cancel| c.wait_sizes(cancel))
 }
 
 /// One rank's batches over an example source. Stateless: batches are addressed by their first
@@ -220,7 +207,6 @@ impl ReaderCore {
     /// For other sources (blends): wrap a source over `caches` in a reader.
     #[allow(clippy::too_many_arguments)]
     pub fn from_source(
-        py: Python<'_>,
         caches: Vec<Arc<Cache>>,
         source: Arc<dyn Source>,
         batch_size: u64,
@@ -229,8 +215,8 @@ impl ReaderCore {
         dtype: &str,
         drop_last: bool,
     ) -> PyResult<Self> {
-        let dt = out_dtype(py, dtype)?;
-        let spec = BatchSpec::new(caches, source, batch_size, rank, world_size, dt, drop_last).map_err(|e| to_pyerr(py, e))?;
+        let dt: OutDtype = dtype.parse().map_err(to_pyerr)?;
+        let spec = BatchSpec::new(caches, source, batch_size, rank, world_size, dt, drop_last).map_err(to_pyerr)?;
         Ok(ReaderCore { spec: Arc::new(spec) })
     }
 }
@@ -241,7 +227,6 @@ impl ReaderCore {
     #[pyo3(signature = (cache, batch_size, rank, world_size, ideal_readers, seed, reshuffle, single_pass, drop_last, dtype))]
     #[allow(clippy::too_many_arguments)]
     fn new(
-        py: Python<'_>,
         cache: &PyCache,
         batch_size: u64,
         rank: u64,
@@ -254,19 +239,9 @@ impl ReaderCore {
         dtype: &str,
     ) -> PyResult<Self> {
         let c = cache.inner.clone();
-        if c.is_empty() && c.final_plan {
-            return Err(to_pyerr(py, Error::Config(format!("{}: cache holds no contexts", c.root.display()))));
-        }
-        if ideal_readers == 0 {
-            return Err(to_pyerr(py, Error::Config("ideal_readers must be positive".into())));
-        }
         let opts = OrderOptions { ideal_readers, seed, reshuffle };
-        let source: Arc<dyn Source> = if c.final_plan {
-            cache_source(&c.sizes(), c.meta.chunk_size, opts, single_pass)
-        } else {
-            Arc::new(tokshuf_core::follow::FollowSource::new(c.clone(), opts, single_pass))
-        };
-        Self::from_source(py, vec![c], source, batch_size, rank, world_size, dtype, drop_last)
+        let source = c.source(opts, single_pass).map_err(to_pyerr)?;
+        Self::from_source(vec![c], source, batch_size, rank, world_size, dtype, drop_last)
     }
 
     /// This rank's slice of the global batch starting at example `first`.
@@ -276,7 +251,7 @@ impl ReaderCore {
         let (rows, b) = if spec.follows() {
             run_detached(py, move |cancel| spec.assemble_wait(first, &cancel))?
         } else {
-            py.detach(move || spec.assemble(first)).map_err(|e| to_pyerr(py, e))?
+            py.detach(move || spec.assemble(first)).map_err(to_pyerr)?
         };
         to_numpy(py, rows, self.spec.seqlen, b)
     }
@@ -293,8 +268,8 @@ impl ReaderCore {
 
     /// (component, chunk, index in tar order) of global example `i`.
     fn locate(&self, py: Python<'_>, i: u64) -> PyResult<(usize, u64, u64)> {
-        if i >= tokshuf_core::reader::MAX_EXAMPLE || self.spec.source.num_examples().is_some_and(|n| i >= n) {
-            return Err(to_pyerr(py, Error::Config(format!("example {i} out of range"))));
+        if i >= tokshuf_core::read::reader::MAX_EXAMPLE || self.spec.source.num_examples().is_some_and(|n| i >= n) {
+            return Err(to_pyerr(Error::Config(format!("example {i} out of range"))));
         }
         let l = if self.spec.follows() {
             let spec = self.spec.clone();
@@ -338,8 +313,8 @@ impl ReaderCore {
     /// Start read-ahead of the batches at examples `first + k * every * batch_size` (threads
     /// start now, not before).
     #[pyo3(signature = (first, threads, depth, every=1))]
-    fn prefetch(&self, py: Python<'_>, first: u64, threads: usize, depth: usize, every: u64) -> PyResult<PyPrefetcher> {
-        let p = Prefetcher::start(self.spec.clone(), first, every, threads, depth).map_err(|e| to_pyerr(py, e))?;
+    fn prefetch(&self, first: u64, threads: usize, depth: usize, every: u64) -> PyResult<PyPrefetcher> {
+        let p = Prefetcher::start(self.spec.clone(), first, every, threads, depth).map_err(to_pyerr)?;
         Ok(PyPrefetcher { inner: Mutex::new(Some(p)), seqlen: self.spec.seqlen })
     }
 }
@@ -378,7 +353,7 @@ impl PyPrefetcher {
                     *self.inner.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
                     return Ok(None);
                 }
-                Err(e) => return Err(to_pyerr(py, e)),
+                Err(e) => return Err(to_pyerr(e)),
             }
         }
     }

@@ -1,0 +1,67 @@
+//! The cell shuffle (DESIGN §5). Every context id `(file, position)` goes to cell
+//! `cell_hash(seed, file, position) mod C`; each cell, in id order, is Fisher-Yates shuffled with
+//! its own generator; the shuffled cells concatenated in cell order are the global order.
+//!
+//! Cells hold ids only: the ids of one file's contexts are dense, so a cell's contents are
+//! recomputed from the per-file counts whenever needed, and the context data stays in the
+//! spills until stage 2 gathers it into shards.
+
+use rayon::prelude::*;
+
+use crate::hash;
+
+/// Default cell size when `num_local_cells` is not given (ids only: 8 bytes each).
+pub const DEFAULT_CELL_CONTEXTS: u64 = 1 << 16;
+pub const FILE_BITS: u32 = 24;
+pub const POS_BITS: u32 = 40;
+
+/// One u64 per context id: file index in the high bits, position in the low ones.
+#[inline]
+pub fn pack(file: usize, pos: u64) -> u64 {
+    ((file as u64) << POS_BITS) | pos
+}
+
+#[inline]
+pub fn unpack(id: u64) -> (usize, u64) {
+    ((id >> POS_BITS) as usize, id & ((1 << POS_BITS) - 1))
+}
+
+/// Contexts in each of `cells` cells, for files of `counts` contexts.
+pub fn cell_sizes(pool: &rayon::ThreadPool, seed: u64, counts: &[u64], cells: u64) -> Vec<u64> {
+    pool.install(|| {
+        counts
+            .par_iter()
+            .enumerate()
+            .map(|(f, &n)| {
+                let mut sizes = vec![0u64; cells as usize];
+                for p in 0..n {
+                    sizes[(hash::cell_hash(seed, f as u64, p) % cells) as usize] += 1;
+                }
+                sizes
+            })
+            .reduce(
+                || vec![0u64; cells as usize],
+                |mut a, b| {
+                    a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+                    a
+                },
+            )
+    })
+}
+
+/// Contexts of cells `c0..c1`, each cell in id order then Fisher-Yates shuffled, concatenated.
+pub fn shuffled_cells(pool: &rayon::ThreadPool, seed: u64, counts: &[u64], cells: u64, c0: u64, c1: u64, sizes: &[u64]) -> Vec<u64> {
+    let mut groups: Vec<Vec<u64>> = sizes.iter().map(|&n| Vec::with_capacity(n as usize)).collect();
+    for (f, &n) in counts.iter().enumerate() {
+        for p in 0..n {
+            let c = hash::cell_hash(seed, f as u64, p) % cells;
+            if c >= c0 && c < c1 {
+                groups[(c - c0) as usize].push(pack(f, p));
+            }
+        }
+    }
+    pool.install(|| {
+        groups.par_iter_mut().enumerate().for_each(|(i, g)| hash::fisher_yates(g, &mut hash::cell_rng(seed, c0 + i as u64)));
+    });
+    groups.concat()
+}

@@ -1,0 +1,383 @@
+//! Streaming input: open `.jsonl`, `.jsonl.gz` (multi-member) and `.jsonl.zst` (multi-frame)
+//! files, read them line by line without ever holding a whole file, and pull the text field
+//! out of one JSON line without building a JSON tree (only the text value is materialised).
+
+use std::borrow::Cow;
+use std::fmt;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
+
+use crate::error::{Error, Result, SkipReason};
+
+/// Open an input file, choosing the decoder from its name. A decoding failure names the
+/// compressed byte offset the decoder had reached (within one read buffer of the damage).
+pub fn open(path: &Path) -> Result<Box<dyn BufRead + Send>> {
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let md = file.metadata().map_err(|e| Error::io(path, e))?;
+    if md.is_dir() {
+        return Err(Error::io(path, std::io::Error::other("is a directory")));
+    }
+    const CAP: usize = 1 << 20;
+    // An empty file holds no lines whatever its name says (Python's gzip module agrees); only
+    // a non-empty file must be a valid stream.
+    if md.is_file() && md.len() == 0 {
+        return Ok(Box::new(BufReader::new(std::io::empty())));
+    }
+    let name = path.to_string_lossy();
+    let pos = Arc::new(AtomicU64::new(0));
+    let size = md.len();
+    let counted = Counting { inner: file, pos: pos.clone() };
+    let reader: Box<dyn BufRead + Send> = if name.ends_with(".gz") {
+        let dec = flate2::bufread::MultiGzDecoder::new(BufReader::new(counted));
+        Box::new(BufReader::with_capacity(CAP, ErrorAt { inner: dec, pos, size }))
+    } else if name.ends_with(".zst") || name.ends_with(".zstd") {
+        let dec = zstd::stream::read::Decoder::new(counted).map_err(|e| Error::io(path, e))?;
+        Box::new(BufReader::with_capacity(CAP, ErrorAt { inner: dec, pos, size }))
+    } else {
+        Box::new(BufReader::with_capacity(CAP, counted.inner))
+    };
+    Ok(reader)
+}
+
+/// Counts the bytes read from the (compressed) file.
+struct Counting<R> {
+    inner: R,
+    pos: Arc<AtomicU64>,
+}
+
+impl<R: Read> Read for Counting<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.pos.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+}
+
+/// Adds the compressed position to a decoder's errors.
+struct ErrorAt<R> {
+    inner: R,
+    pos: Arc<AtomicU64>,
+    size: u64,
+}
+
+impl<R: Read> Read for ErrorAt<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.inner.read(buf).map_err(|e| {
+            let at = self.pos.load(Ordering::Relaxed);
+            std::io::Error::new(e.kind(), format!("{e} (decoder had read {at} of {} compressed bytes)", self.size))
+        })
+    }
+}
+
+/// Reads a stream into batches of whole lines (one buffer, many line ends: no per-line
+/// allocation). A decoding failure is reported with the line it happened on.
+pub struct LineBatcher<R> {
+    inner: R,
+    pub next_line: u64,
+    pub bytes_read: u64,
+    eof: bool,
+}
+
+impl<R: BufRead> LineBatcher<R> {
+    pub fn new(inner: R) -> Self {
+        LineBatcher { inner, next_line: 1, bytes_read: 0, eof: false }
+    }
+    /// Fill `buf` with whole lines (ends recorded in `ends`) until about `target` bytes.
+    /// Returns Ok(false) at end of stream with nothing read.
+    pub fn fill(&mut self, buf: &mut Vec<u8>, ends: &mut Vec<usize>, target: usize) -> std::io::Result<bool> {
+        buf.clear();
+        ends.clear();
+        while !self.eof && buf.len() < target {
+            let n = self.inner.read_until(b'\n', buf)?;
+            if n == 0 {
+                self.eof = true;
+                break;
+            }
+            self.bytes_read += n as u64;
+            if self.next_line == 1 && ends.is_empty() && buf.starts_with(b"\xEF\xBB\xBF") {
+                buf.drain(..3); // a UTF-8 BOM is not part of the first JSON line
+            }
+            ends.push(buf.len());
+            self.next_line += 1;
+        }
+        Ok(!ends.is_empty())
+    }
+}
+
+impl<R: Read> LineBatcher<R> {
+    pub fn into_inner(self) -> R {
+        self.inner
+    }
+}
+
+/// What one line holds.
+#[derive(Debug, PartialEq)]
+pub enum Line<'a> {
+    Blank,
+    Text(Cow<'a, str>),
+    Bad(SkipReason, String),
+}
+
+/// Parse one line (without its trailing newline) and return its text field.
+///
+/// A line must be valid UTF-8 as a whole (RFC 8259, and what Python's `json.loads` of the
+/// raw line demands), even where the bad bytes sit outside the text value.
+pub fn parse_line<'a>(line: &'a [u8], key: &str) -> Line<'a> {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    if line.iter().all(|b| b.is_ascii_whitespace()) {
+        return Line::Blank;
+    }
+    let line = match std::str::from_utf8(line) {
+        Ok(s) => s,
+        Err(e) => return Line::Bad(SkipReason::InvalidUtf8, format!("invalid UTF-8 at byte {} of the line", e.valid_up_to())),
+    };
+    // Validated above, so the str reader (which skips UTF-8 checks) is safe and faster.
+    let mut de = serde_json::Deserializer::from_str(line);
+    let parsed = TextSeed { key }.deserialize(&mut de).and_then(|v| de.end().map(|_| v));
+    match parsed {
+        Ok(Extracted::Text(t)) => Line::Text(t),
+        Ok(Extracted::Missing) => Line::Bad(SkipReason::MissingText, format!("no {key:?} key")),
+        Ok(Extracted::NotString(what)) => Line::Bad(SkipReason::TextNotString, format!("{key:?} is {what}, not a string")),
+        Ok(Extracted::NotObject(what)) => Line::Bad(SkipReason::NotAnObject, format!("line is a JSON {what}, not an object")),
+        Err(e) => {
+            let msg = e.to_string();
+            if msg.contains("surrogate") || msg.contains("hex escape") {
+                // serde_json's words for a lone UTF-16 surrogate escape such as "\ud800".
+                Line::Bad(SkipReason::InvalidUtf8, format!("a string holds a lone surrogate escape ({msg})"))
+            } else if line.starts_with('\u{feff}') {
+                Line::Bad(SkipReason::InvalidJson, format!("invalid JSON: a byte-order mark inside the file ({msg})"))
+            } else {
+                Line::Bad(SkipReason::InvalidJson, format!("invalid JSON ({msg})"))
+            }
+        }
+    }
+}
+
+enum Extracted<'a> {
+    Text(Cow<'a, str>),
+    Missing,
+    NotString(&'static str),
+    NotObject(&'static str),
+}
+
+struct TextSeed<'k> {
+    key: &'k str,
+}
+
+impl<'de> DeserializeSeed<'de> for TextSeed<'_> {
+    type Value = Extracted<'de>;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+/// Drains a sequence or map the caller does not want, so the parser stays in sync.
+fn drain_seq<'de, A: SeqAccess<'de>>(mut seq: A) -> Result<(), A::Error> {
+    while seq.next_element::<IgnoredAny>()?.is_some() {}
+    Ok(())
+}
+
+impl<'de> Visitor<'de> for TextSeed<'_> {
+    type Value = Extracted<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        // Duplicate keys: the last one wins, as in Python's json module.
+        let mut found = Extracted::Missing;
+        while let Some(is_text) = map.next_key_seed(KeySeed { key: self.key })? {
+            if is_text {
+                found = match map.next_value::<TextValue<'de>>()? {
+                    TextValue(Ok(s)) => Extracted::Text(s),
+                    TextValue(Err(what)) => Extracted::NotString(what),
+                };
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(found)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+        drain_seq(seq)?;
+        Ok(Extracted::NotObject("list"))
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(Extracted::NotObject("boolean"))
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(Extracted::NotObject("number"))
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(Extracted::NotObject("number"))
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(Extracted::NotObject("number"))
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(Extracted::NotObject("string"))
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(Extracted::NotObject("null"))
+    }
+}
+
+struct KeySeed<'k> {
+    key: &'k str,
+}
+
+impl<'de> DeserializeSeed<'de> for KeySeed<'_> {
+    type Value = bool;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for KeySeed<'_> {
+    type Value = bool;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a key")
+    }
+    fn visit_str<E>(self, v: &str) -> Result<bool, E> {
+        Ok(v == self.key)
+    }
+}
+
+/// The text value: a string (borrowed when it has no escapes) or the JSON type it was instead.
+struct TextValue<'a>(std::result::Result<Cow<'a, str>, &'static str>);
+
+impl<'de> de::Deserialize<'de> for TextValue<'de> {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(TextValueVisitor)
+    }
+}
+
+struct TextValueVisitor;
+
+impl<'de> Visitor<'de> for TextValueVisitor {
+    type Value = TextValue<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a string")
+    }
+    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+        Ok(TextValue(Ok(Cow::Borrowed(v))))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(TextValue(Ok(Cow::Owned(v.to_owned()))))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+        Ok(TextValue(Ok(Cow::Owned(v))))
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(TextValue(Err("a boolean")))
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(TextValue(Err("a number")))
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(TextValue(Err("a number")))
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(TextValue(Err("a number")))
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(TextValue(Err("null")))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+        drain_seq(seq)?;
+        Ok(TextValue(Err("a list")))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(TextValue(Err("an object")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(line: &str) -> Line<'_> {
+        parse_line(line.as_bytes(), "text")
+    }
+
+    #[test]
+    fn extracts_text_and_classifies_bad_lines() {
+        assert_eq!(text(r#"{"id": 1, "text": "hi", "x": [1, {"a": 2}]}"#), Line::Text("hi".into()));
+        assert_eq!(text(r#"{"text": "a\nb"}"#), Line::Text("a\nb".into()));
+        assert_eq!(text("{\"text\": \"x\"}\r"), Line::Text("x".into()));
+        assert_eq!(text(r#"{"text": "a", "text": "b"}"#), Line::Text("b".into()));
+        assert_eq!(text("  "), Line::Blank);
+        assert!(matches!(text(r#"{"text": 1}"#), Line::Bad(SkipReason::TextNotString, _)));
+        assert!(matches!(text(r#"{"text": null}"#), Line::Bad(SkipReason::TextNotString, _)));
+        assert!(matches!(text(r#"{"text": ["a"]}"#), Line::Bad(SkipReason::TextNotString, _)));
+        assert!(matches!(text(r#"{"other": "a"}"#), Line::Bad(SkipReason::MissingText, _)));
+        assert!(matches!(text(r#"[1, 2]"#), Line::Bad(SkipReason::NotAnObject, _)));
+        assert!(matches!(text(r#""text""#), Line::Bad(SkipReason::NotAnObject, _)));
+        assert!(matches!(text(r#"{"text": "a""#), Line::Bad(SkipReason::InvalidJson, _)));
+        assert!(matches!(text(r#"{"text": "a"} x"#), Line::Bad(SkipReason::InvalidJson, _)));
+        assert!(matches!(text(r#"{"text": "\ud800"}"#), Line::Bad(SkipReason::InvalidUtf8, _)));
+        assert!(matches!(parse_line(b"{\"text\": \"\xff\"}", "text"), Line::Bad(SkipReason::InvalidUtf8, _)));
+        // Deep nesting is skipped over iteratively: no stack overflow, the text still found.
+        let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        assert!(matches!(text(&deep), Line::Bad(SkipReason::NotAnObject, _)));
+        let nested = format!(r#"{{"x": {}{}, "text": "ok"}}"#, "[".repeat(100_000), "]".repeat(100_000));
+        assert_eq!(text(&nested), Line::Text("ok".into()));
+    }
+
+    #[test]
+    fn whole_line_must_be_utf8_and_surrogates_only_matter_in_text() {
+        // Bad bytes outside the text value still make the line bad (as json.loads would).
+        assert!(matches!(parse_line(b"{\"x\": \"\xff\", \"text\": \"a\"}", "text"), Line::Bad(SkipReason::InvalidUtf8, _)));
+        match parse_line(b"{\"text\": \"ab\xc3\"}", "text") {
+            Line::Bad(SkipReason::InvalidUtf8, m) => assert!(m.contains("byte 12"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        // A lone surrogate in a field nobody reads is tolerated, as by Python's json module.
+        assert_eq!(text(r#"{"x": "\udc00", "text": "a"}"#), Line::Text("a".into()));
+        assert!(matches!(text(r#"{"text": "\udc00"}"#), Line::Bad(SkipReason::InvalidUtf8, _)));
+        assert!(matches!(text(r#"{"text": "\ud800x"}"#), Line::Bad(SkipReason::InvalidUtf8, _)));
+        assert_eq!(text(r#"{"text": "\ud83d\ude00"}"#), Line::Text("\u{1F600}".into()));
+        // Raw NUL is a control character inside a string; escaped NUL is text.
+        assert!(matches!(parse_line(b"{\"text\": \"a\0b\"}", "text"), Line::Bad(SkipReason::InvalidJson, _)));
+        assert_eq!(text(r#"{"text": "a\u0000b"}"#), Line::Text("a\0b".into()));
+        // A BOM after the first line is not stripped.
+        match parse_line("\u{feff}{\"text\": \"a\"}".as_bytes(), "text") {
+            Line::Bad(SkipReason::InvalidJson, m) => assert!(m.contains("byte-order mark"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn bom_is_stripped_from_the_first_line_only() {
+        let data = b"\xEF\xBB\xBF{\"text\": \"a\"}\r\n\xEF\xBB\xBF{\"text\": \"b\"}".to_vec();
+        let mut lines = LineBatcher::new(&data[..]);
+        let (mut buf, mut ends) = (Vec::new(), Vec::new());
+        assert!(lines.fill(&mut buf, &mut ends, 1 << 20).unwrap());
+        assert_eq!(ends.len(), 2);
+        assert_eq!(parse_line(buf[..ends[0]].strip_suffix(b"\n").unwrap(), "text"), Line::Text("a".into()));
+        assert!(matches!(parse_line(&buf[ends[0]..ends[1]], "text"), Line::Bad(SkipReason::InvalidJson, _)));
+    }
+
+    #[test]
+    fn empty_compressed_files_are_empty_and_truncated_ones_say_where() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["a.jsonl.gz", "a.jsonl.zst", "a.jsonl"] {
+            let p = dir.path().join(name);
+            std::fs::write(&p, b"").unwrap();
+            let mut out = Vec::new();
+            open(&p).unwrap().read_to_end(&mut out).unwrap();
+            assert!(out.is_empty());
+        }
+        let payload: Vec<u8> = (0..2000).flat_map(|i| format!("{{\"text\": \"doc {i}\"}}\n").into_bytes()).collect();
+        let z = zstd::encode_all(&payload[..], 3).unwrap();
+        let p = dir.path().join("t.jsonl.zst");
+        std::fs::write(&p, &z[..z.len() - 3]).unwrap();
+        let err = open(&p).unwrap().read_to_end(&mut Vec::new()).unwrap_err();
+        assert!(err.to_string().contains(&format!("of {} compressed bytes", z.len() - 3)), "{err}");
+    }
+}

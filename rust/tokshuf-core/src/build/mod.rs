@@ -1,0 +1,224 @@
+//! The build (DESIGN §4-5, §8): options -> recipe -> stage 1 (tokenize, window) -> chunk plan
+//! (cells, chunks) -> stage 2 (shuffle, write shards) -> manifest -> tokshuf.json. The steps
+//! themselves are in `steps`; this module is the one-machine driver that runs them on a rayon
+//! pool, with the progress bar, the build lock and resumption around them.
+//!
+//! Every step is resumable: a file is done when its summary exists, a chunk when its shard
+//! exists (both renamed into place after fsync), and the order of everything is a pure function
+//! of the recipe, never of timing. What a build does with an existing output folder is decided
+//! in `resume`.
+//!
+//! While a build runs, manifest.jsonl holds a prefix of the final manifest (complete lines
+//! only count), and tokshuf.json says how far the build is (`format::Status`).
+
+pub mod cells;
+pub mod driver;
+pub mod input;
+mod manifest;
+mod options;
+pub mod plan;
+pub mod progress;
+pub mod resume;
+pub mod shard;
+mod spills;
+pub mod stage1;
+pub mod steps;
+pub mod stream;
+mod streaming;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use serde_json::{json, Value};
+
+use self::manifest::Manifest;
+pub use self::options::BuildOptions;
+use self::plan::ChunkPlan;
+use self::progress::Progress;
+use self::resume::Start;
+use self::shard::ShardSpec;
+use self::stage1::Stage1Config;
+use self::steps::Job;
+use crate::error::{Error, Result};
+use crate::format::{self, lock::BuildLock, Metadata, Status, Totals, META_NAME};
+use crate::testhook;
+
+/// What every step of one build run shares.
+pub(crate) struct Run<'a> {
+    opts: &'a BuildOptions,
+    job: Job,
+    cfg: Arc<Stage1Config>,
+    pool: Arc<rayon::ThreadPool>,
+    cancel: Arc<AtomicBool>,
+    progress: Progress,
+    threads: usize,
+    t0: Instant,
+    timings: BTreeMap<&'static str, f64>,
+}
+
+impl Run<'_> {
+    fn build_info(&self) -> Value {
+        build_info(self.threads, &self.timings, self.t0)
+    }
+    fn metadata(&self, status: Status) -> Metadata {
+        Metadata::new(&self.job.recipe, status, self.build_info())
+    }
+    fn write_planned(&self, plan: &ChunkPlan, totals: &Totals) -> Result<()> {
+        steps::write_metadata(&self.job.out, &steps::planned_metadata(&self.job, plan, totals.clone(), self.build_info()))
+    }
+    fn nfiles(&self) -> usize {
+        self.job.recipe.inputs.len()
+    }
+    fn shard_spec(&self) -> ShardSpec {
+        ShardSpec {
+            out: self.job.out.clone(),
+            format: self.job.recipe.format,
+            dtype: self.job.recipe.dtype,
+            seqlen: self.job.recipe.seqlen as u64,
+            cancel: self.cancel.clone(),
+        }
+    }
+    fn check_cancel(&self) -> Result<()> {
+        if self.cancel.load(Ordering::Relaxed) {
+            return Err(Error::Interrupted);
+        }
+        Ok(())
+    }
+}
+
+/// Build (or resume, or confirm) a cache. Returns the final tokshuf.json.
+pub fn build(opts: &BuildOptions, cancel: Arc<AtomicBool>) -> Result<Metadata> {
+    let t0 = Instant::now();
+    testhook::init();
+    let (recipe, tok) = steps::plan(opts)?;
+    let out = opts.output.clone();
+    let work = resume::work_dir(&out, opts.local_cell_dir.as_deref())?;
+    // Held for the whole run: refuses a second build into the same folder, and tells a reader
+    // following this build whether it is still alive (see format::lock).
+    let lock = BuildLock::acquire(&out)?;
+    let start = match resume::prepare(&out, &work, &recipe, opts.overwrite) {
+        Ok(s) => s,
+        Err(e) => {
+            if lock.created {
+                let _ = lock.remove(); // leave a refused folder as we found it
+            }
+            return Err(e);
+        }
+    };
+    if let Start::Complete(meta) = start {
+        lock.remove()?;
+        return Ok(*meta);
+    }
+    resume::init_work(&work, &recipe)?;
+
+    let threads = opts.threads();
+    let pool = Arc::new(
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("tokshuf-{i}"))
+            .build()
+            .map_err(|e| Error::Config(format!("cannot start {threads} threads: {e}")))?,
+    );
+    let cfg = steps::stage1_config(&recipe, &tok);
+    let mut run = Run {
+        opts,
+        job: Job { recipe, out: out.clone(), work: work.clone() },
+        cfg,
+        pool,
+        cancel,
+        progress: Progress::new(opts.progress),
+        threads,
+        t0,
+        timings: BTreeMap::new(),
+    };
+    // A resumed build keeps the metadata it has: a reader following the build must never see
+    // it go back (say from "writing", with the chunk plan, to "building").
+    if !out.join(META_NAME).exists() {
+        let mut m = run.metadata(if run.job.recipe.shuffle { Status::Building } else { Status::Streaming });
+        if !run.job.recipe.shuffle {
+            m.num_chunks_ready = Some(0);
+        }
+        steps::write_metadata(&out, &m)?;
+    }
+    testhook::point("start");
+    let mut manifest = Manifest::open(&out, matches!(start, Start::Fresh))?;
+    let (plan, totals) = if run.job.recipe.shuffle {
+        build_shuffled(&mut run, &mut manifest)?
+    } else {
+        streaming::build_streaming(&mut run, &mut manifest)?
+    };
+    // Manifest, then the final metadata: a complete tokshuf.json means a complete cache.
+    manifest.close();
+    let meta = steps::finalize(&run.job, &plan, totals, &manifest.lines, run.build_info())?;
+    resume::remove_work(&work)?;
+    lock.remove()?;
+    Ok(meta)
+}
+
+/// Stage 1 over every file, then the cell plan, then stage 2 in groups of chunks whose cells
+/// fit the memory budget.
+fn build_shuffled(run: &mut Run<'_>, manifest: &mut Manifest) -> Result<(ChunkPlan, Totals)> {
+    let t = Instant::now();
+    let nfiles = run.nfiles();
+    let done = (0..nfiles).filter(|&f| steps::summary(&run.job, f).ok().flatten().is_some()).count();
+    run.progress.stage("tokenize", nfiles as u64);
+    run.progress.advance(done as u64, 0, 0);
+    let files: Vec<usize> = (0..nfiles).collect();
+    let inputs = &run.job.recipe.inputs;
+    let progress = &run.progress;
+    let mut summaries = steps::stage1_files(&run.job, &run.cfg, &files, &run.pool, &run.cancel, |file, s| {
+        progress.advance(1, inputs[file].bytes, s.num_tokens);
+    })?;
+    if let Some(s) = steps::stitch(&run.job, &run.cfg, &summaries)? {
+        summaries.push(s);
+    }
+    run.timings.insert("tokenize_s", t.elapsed().as_secs_f64());
+    run.check_cancel()?;
+
+    let t = Instant::now();
+    let plan = ChunkPlan::new(&run.job.recipe, &summaries, run.opts.num_local_cells, &run.pool)?;
+    let totals = plan::totals(&summaries, &run.job.recipe, plan.cells);
+    run.timings.insert("plan_s", t.elapsed().as_secs_f64());
+    run.write_planned(&plan, &totals)?;
+    testhook::point("plan");
+
+    let t = Instant::now();
+    let listed = manifest.lines.len() as u64;
+    run.progress.stage("write", plan.num_chunks());
+    run.progress.advance(listed, 0, 0);
+    let budget_ids = (run.opts.memory_limit() / 4 / 8).max(plan.chunk_size * 2);
+    let shared = Mutex::new(&mut *manifest);
+    let progress = &run.progress;
+    let on_chunk = |chunk: u64, line: &format::ManifestLine| -> Result<()> {
+        progress.advance(1, line.bytes(), line.num_tokens());
+        let mut m = shared.lock().map_err(|_| Error::Config("internal error: manifest lock poisoned".into()))?;
+        m.add(chunk, line.clone())
+    };
+    for group in plan.groups(listed, budget_ids) {
+        steps::stage2_chunks(&run.job, &plan, &summaries, group, &run.pool, &run.cancel, &on_chunk)?;
+    }
+    run.progress.end();
+    run.timings.insert("write_s", t.elapsed().as_secs_f64());
+    Ok((plan, totals))
+}
+
+fn build_info(threads: usize, timings: &BTreeMap<&str, f64>, t0: Instant) -> Value {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string();
+    json!({
+        "engine": "local",
+        "threads": threads,
+        "host": host,
+        "durations": timings,
+        "total_s": t0.elapsed().as_secs_f64(),
+        "peak_rss_bytes": peak_rss(),
+    })
+}
+
+/// Peak resident set size of this process (VmHWM), if the OS tells.
+pub fn peak_rss() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kb| kb * 1024)
+}

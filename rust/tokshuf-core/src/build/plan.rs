@@ -1,0 +1,221 @@
+//! Planning: the recipe from the options (before stage 1), and the chunk plan from stage 1's
+//! summaries (before stage 2): how many contexts, which chunk holds which, in which cells.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+
+use rayon::ThreadPool;
+use serde::{Deserialize, Serialize};
+
+use super::cells::{self, DEFAULT_CELL_CONTEXTS, FILE_BITS, POS_BITS};
+use super::stream::{self, Placed};
+use super::BuildOptions;
+use crate::error::{Error, Result};
+use crate::format::{self, Dtype, FileSummary, InputFile, Recipe, Tail, TokenizerInfo, Totals};
+use crate::tokenize::Tokenizer;
+
+/// The recipe of a build: options checked against the tokenizer, inputs listed and sized.
+pub fn recipe(opts: &BuildOptions, tok: &Tokenizer) -> Result<Recipe> {
+    let eot_id = opts.eot_id.or(tok.eot_id).ok_or_else(|| {
+        Error::Config(format!("{}: no end-of-text token found (tried <|endoftext|>, <|end_of_text|>, </s>, <eos>); pass eot_id", tok.spec))
+    })?;
+    let pad_id = opts.pad_id.or(tok.pad_id).unwrap_or(eot_id);
+    let bos_id = if opts.bos {
+        Some(opts.bos_id.or(tok.bos_id).ok_or_else(|| Error::Config(format!("{}: no BOS token found; pass bos_id", tok.spec)))?)
+    } else {
+        None
+    };
+    for (name, id) in [("eot_id", Some(eot_id)), ("pad_id", Some(pad_id)), ("bos_id", bos_id)] {
+        if let Some(id) = id {
+            if id >= tok.vocab_size {
+                return Err(Error::Config(format!("{name} {id} is not an id of {} (vocab size {})", tok.spec, tok.vocab_size)));
+            }
+        }
+    }
+    let mut paths: Vec<String> = opts.inputs.iter().map(|p| p.to_string_lossy().into_owned()).collect();
+    paths.sort();
+    paths.dedup();
+    let inputs = paths
+        .into_iter()
+        .map(|path| {
+            let md = std::fs::metadata(&path).map_err(|e| Error::io(&path, e))?;
+            if md.is_dir() {
+                return Err(Error::io(&path, std::io::Error::other("is a directory, not an input file")));
+            }
+            if md.is_file() {
+                // Fail before hours of work on file 1, not when file 900 turns out unreadable.
+                File::open(&path).map_err(|e| Error::io(&path, e))?;
+            }
+            Ok(InputFile { path, bytes: md.len() })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Recipe {
+        tokshuf_version: format::VERSION.to_string(),
+        format_version: format::FORMAT_VERSION,
+        inputs,
+        tokenizer: TokenizerInfo {
+            spec: tok.spec.clone(),
+            sha256: tok.sha256.clone(),
+            vocab_size: tok.vocab_size,
+            backend: tok.backend.to_string(),
+        },
+        seqlen: opts.seqlen,
+        chunk_size: opts.chunk_size,
+        num_local_cells: opts.num_local_cells,
+        seed: opts.seed,
+        text_key: opts.text_key.clone(),
+        format: opts.format,
+        tail: opts.tail,
+        eot_id,
+        pad_id,
+        bos_id,
+        allow_special_tokens: opts.allow_special_tokens,
+        shuffle: opts.shuffle,
+        errors: opts.errors,
+        dtype: if tok.vocab_size <= 1 << 16 { Dtype::Uint16 } else { Dtype::Uint32 },
+    })
+}
+
+/// Which contexts form which chunk: a pure function of the recipe and the files' context
+/// counts. Known after stage 1, before any shard is written.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkPlan {
+    /// Contexts per input file, then the stitched tails' (if any).
+    pub counts: Vec<u64>,
+    pub chunk_size: u64,
+    /// Shuffled builds: the number of cells and the contexts in each.
+    pub cells: Option<u64>,
+    pub cell_sizes: Vec<u64>,
+    /// Streaming builds: where each chunk's contexts are (file, start, len).
+    pub placed: Vec<(usize, u64, u64)>,
+}
+
+impl ChunkPlan {
+    /// The plan for `summaries` (every input file's, then the stitched tails'), as DESIGN §5 fixes it.
+    pub fn new(recipe: &Recipe, summaries: &[FileSummary], num_local_cells: Option<u64>, pool: &ThreadPool) -> Result<Self> {
+        let counts: Vec<u64> = summaries.iter().map(|s| s.num_contexts).collect();
+        if counts.len() >= 1 << FILE_BITS || counts.iter().any(|&c| c >= 1 << POS_BITS) {
+            return Err(Error::Config("too many input files or contexts in one file".into()));
+        }
+        let cs = recipe.chunk_size as u64;
+        let total: u64 = counts.iter().sum();
+        if recipe.shuffle {
+            let cells = num_local_cells.unwrap_or_else(|| total.div_ceil(DEFAULT_CELL_CONTEXTS)).max(1);
+            let cell_sizes = cells::cell_sizes(pool, recipe.seed, &counts, cells);
+            Ok(ChunkPlan { counts, chunk_size: cs, cells: Some(cells), cell_sizes, placed: Vec::new() })
+        } else {
+            let stitched = recipe.tail == Tail::Stitch;
+            let files = &counts[..counts.len() - stitched as usize];
+            let tail = stitched.then(|| counts[counts.len() - 1]);
+            let placed = stream::plan(files, tail, cs).iter().map(|p| (p.file, p.start, p.len)).collect();
+            Ok(ChunkPlan { counts, chunk_size: cs, cells: None, cell_sizes: Vec::new(), placed })
+        }
+    }
+
+    pub fn num_contexts(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
+    pub fn chunk_sizes(&self) -> Vec<u64> {
+        if self.cells.is_none() {
+            return self.placed.iter().map(|p| p.2).collect();
+        }
+        let (total, cs) = (self.num_contexts(), self.chunk_size);
+        (0..total.div_ceil(cs)).map(|k| cs.min(total - k * cs)).collect()
+    }
+
+    pub fn num_chunks(&self) -> u64 {
+        if self.cells.is_none() {
+            self.placed.len() as u64
+        } else {
+            self.num_contexts().div_ceil(self.chunk_size)
+        }
+    }
+
+    /// Streaming builds: chunk `k`'s place.
+    pub fn placed(&self, k: u64) -> Option<Placed> {
+        self.placed.get(k as usize).map(|&(file, start, len)| Placed { chunk: k, file, start, len })
+    }
+
+    /// Shuffled builds: the cells that chunks `k0..k1` span, and the position of chunk k0's
+    /// first context in the concatenation of those cells.
+    pub fn cells_of(&self, k0: u64, k1: u64) -> (u64, u64, u64) {
+        let (p0, p1) = (k0 * self.chunk_size, (k1 * self.chunk_size).min(self.num_contexts()));
+        let mut before = 0u64;
+        let mut c0 = None;
+        for (c, &n) in self.cell_sizes.iter().enumerate() {
+            if c0.is_none() && before + n > p0 {
+                c0 = Some((c as u64, before));
+            }
+            if before + n >= p1 {
+                let (c0, b0) = c0.unwrap_or((c as u64, before));
+                return (c0, c as u64 + 1, p0 - b0);
+            }
+            before += n;
+        }
+        (0, 0, 0)
+    }
+
+    /// Chunk ranges whose cells hold at most about `budget` ids together (at least one chunk
+    /// each), so stage 2 never holds more than one group's ids.
+    pub fn groups(&self, from: u64, budget: u64) -> Vec<std::ops::Range<u64>> {
+        let n = self.num_chunks();
+        if self.cells.is_none() {
+            return (from..n).step_by(256).map(|k| k..(k + 256).min(n)).collect();
+        }
+        let cum: Vec<u64> = std::iter::once(0)
+            .chain(self.cell_sizes.iter().scan(0, |s, &x| {
+                *s += x;
+                Some(*s)
+            }))
+            .collect();
+        let cell_of = |p: u64| cum.partition_point(|&x| x <= p) - 1;
+        let total = self.num_contexts();
+        let mut out = Vec::new();
+        let mut k0 = from;
+        while k0 < n {
+            let first = cell_of(k0 * self.chunk_size);
+            let mut k1 = k0 + 1;
+            while k1 < n {
+                let last = cell_of(((k1 + 1) * self.chunk_size).min(total) - 1);
+                if cum[last + 1] - cum[first] > budget {
+                    break;
+                }
+                k1 += 1;
+            }
+            out.push(k0..k1);
+            k0 = k1;
+        }
+        out
+    }
+}
+
+/// The cache's figures from its files' summaries (the stitched tails' last, if any).
+pub fn totals(summaries: &[FileSummary], recipe: &Recipe, cells: Option<u64>) -> Totals {
+    let mut skipped: BTreeMap<String, u64> = BTreeMap::new();
+    let mut examples: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for s in summaries {
+        for (k, v) in &s.skipped {
+            *skipped.entry(k.clone()).or_default() += v;
+        }
+        for (k, v) in &s.skipped_examples {
+            let e = examples.entry(k.clone()).or_default();
+            e.extend(v.iter().take(5usize.saturating_sub(e.len())).cloned());
+        }
+    }
+    let stitched = recipe.tail == Tail::Stitch;
+    let real = &summaries[..summaries.len() - stitched as usize];
+    Totals {
+        num_local_cells: cells,
+        num_documents: real.iter().map(|s| s.num_documents).sum(),
+        num_tokens: real.iter().map(|s| s.num_tokens).sum(),
+        num_padding_tokens: summaries.iter().flat_map(|s| s.padded.iter().map(|p| p.1 as u64)).sum(),
+        dropped_tokens: real.iter().map(|s| s.dropped_tokens).sum(),
+        empty_documents: real.iter().map(|s| s.empty_documents).sum(),
+        blank_lines: real.iter().map(|s| s.blank_lines).sum(),
+        text_bytes: real.iter().map(|s| s.text_bytes).sum(),
+        bytes_in: recipe.inputs.iter().map(|f| f.bytes).sum(),
+        skipped,
+        skipped_examples: examples,
+    }
+}

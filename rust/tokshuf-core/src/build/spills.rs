@@ -1,0 +1,51 @@
+//! Reading stage 1's spills (one file of fixed-size contexts per input file) by context id.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use super::cells::unpack;
+use super::stage1;
+use crate::error::{Error, Result};
+
+/// Spill files of stage 1, read by position. Few files stay open; many are opened per use,
+/// so no build needs a raised open-file limit.
+pub struct Spills {
+    paths: Vec<PathBuf>,
+    open: Option<Vec<File>>,
+    context_bytes: u64,
+}
+
+const KEEP_OPEN: usize = 256;
+
+impl Spills {
+    pub fn open(work: &Path, n: usize, context_bytes: u64) -> Result<Self> {
+        let paths: Vec<PathBuf> = (0..n).map(|f| stage1::spill_path(work, f)).collect();
+        let open = if n <= KEEP_OPEN {
+            Some(paths.iter().map(|p| File::open(p).map_err(|e| Error::io(p, e))).collect::<Result<Vec<_>>>()?)
+        } else {
+            None
+        };
+        Ok(Spills { paths, open, context_bytes })
+    }
+
+    pub fn read(&self, cache: &mut HashMap<usize, File>, id: u64, buf: &mut [u8]) -> Result<()> {
+        let (f, p) = unpack(id);
+        let file = match &self.open {
+            Some(files) => &files[f],
+            None => {
+                if cache.len() >= KEEP_OPEN / 4 && !cache.contains_key(&f) {
+                    cache.clear();
+                }
+                match cache.entry(f) {
+                    std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                    std::collections::hash_map::Entry::Vacant(e) => {
+                        e.insert(File::open(&self.paths[f]).map_err(|err| Error::io(&self.paths[f], err))?)
+                    }
+                }
+            }
+        };
+        file.read_exact_at(buf, p * self.context_bytes).map_err(|e| Error::io(&self.paths[f], e))
+    }
+}

@@ -1,0 +1,526 @@
+//! Stage 1: read input files, tokenize, and cut each file's id stream into contexts.
+//!
+//! One reader thread walks the files in order and cuts them into batches of whole lines;
+//! batches are tokenized in parallel on the pool (so one huge file still uses every core);
+//! the calling thread consumes results strictly in (file, batch) order, windows them and
+//! appends the contexts of each file to its own spill file `fNNNNNNNN.ctx` in the work folder.
+//! A file's summary JSON is written after its spill is complete and fsynced: its presence
+//! marks the file as done, so a resumed build never tokenizes it again.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use crossbeam_channel::{bounded, unbounded};
+
+use crate::build::input::{self, Line, LineBatcher};
+use crate::error::{Error, Result, SkipReason};
+use crate::format::{self, Dtype, ErrorPolicy, FileSummary, Tail};
+use crate::tokenize::Encoder;
+
+pub const BATCH_BYTES: usize = 1 << 20;
+const MAX_EXAMPLES: usize = 5;
+
+/// What every worker needs to turn lines into ids.
+pub struct Stage1Config {
+    pub encoder: Arc<dyn Encoder>,
+    pub text_key: String,
+    pub bos_id: Option<u32>,
+    pub eot_id: u32,
+    pub pad_id: u32,
+    pub seqlen: usize,
+    pub dtype: Dtype,
+    pub tail: Tail,
+    pub errors: ErrorPolicy,
+}
+
+pub fn spill_path(work: &Path, file: usize) -> PathBuf {
+    work.join(format!("f{file:08}.ctx"))
+}
+
+pub fn summary_path(work: &Path, file: usize) -> PathBuf {
+    work.join(format!("f{file:08}.json"))
+}
+
+enum Job {
+    Lines { file: usize, first_line: u64, buf: Vec<u8>, ends: Vec<usize> },
+    StreamError { file: usize, line: u64, error: std::io::Error },
+    FileEnd { file: usize },
+    OpenError { error: Error },
+}
+
+#[derive(Default)]
+struct Tokenized {
+    ids: Vec<u32>,
+    documents: u64,
+    empty: u64,
+    blank: u64,
+    text_bytes: u64,
+    skipped: Vec<(SkipReason, u64, String)>,
+}
+
+enum Done {
+    Lines { file: usize, out: std::result::Result<Tokenized, Error> },
+    Passthrough(Job),
+}
+
+/// What the caller of `run` hears about, on the consuming thread, in file order per file.
+pub enum Event<'a> {
+    /// The first `count` contexts of `file` are in its spill and readable through `spill`
+    /// (sent each time the count passes a multiple of `notify_every`).
+    Contexts { file: usize, count: u64, spill: &'a Arc<File> },
+    /// `file` is done: its spill is renamed into place and its summary is durable.
+    Done { file: usize, summary: &'a FileSummary, spill_bytes: u64 },
+    /// Nothing arrived for a while (lets the caller do its own bookkeeping).
+    Idle,
+}
+
+/// How stage 1 walks its files.
+#[derive(Clone, Copy)]
+pub struct Schedule {
+    /// Files read at the same time, one batch each in turn (1: one file after another).
+    pub window: usize,
+    /// Send `Event::Contexts` every this many contexts of a file (0: never).
+    pub notify_every: u64,
+    /// Bytes of input lines per tokenizer task (and per turn of a file).
+    pub batch_bytes: usize,
+}
+
+/// Tokenize `files` (indices into `paths`, ascending) and write their spills into `work`.
+/// `on_event` runs on the calling thread; an error from it stops stage 1.
+#[allow(clippy::too_many_arguments)]
+pub fn run(
+    cfg: &Arc<Stage1Config>,
+    paths: &[PathBuf],
+    files: &[usize],
+    work: &Path,
+    pool: &Arc<rayon::ThreadPool>,
+    cancel: &Arc<AtomicBool>,
+    schedule: Schedule,
+    mut on_event: impl FnMut(Event<'_>) -> Result<()>,
+) -> Result<()> {
+    if files.is_empty() {
+        return Ok(());
+    }
+    let in_flight = (pool.current_num_threads() * 3).max(4);
+    let (slot_tx, slot_rx) = bounded::<()>(in_flight); // bounds batches in flight
+    let (done_tx, done_rx) = unbounded::<(u64, Done)>();
+    let stop = Arc::new(AtomicBool::new(false));
+    let window = schedule.window.max(1);
+    let batch_bytes = schedule.batch_bytes.max(1);
+
+    let reader = {
+        let paths: Vec<(usize, PathBuf)> = files.iter().map(|&f| (f, paths[f].clone())).collect();
+        let (cfg, stop, cancel) = (cfg.clone(), stop.clone(), cancel.clone());
+        let pool = pool.clone();
+        std::thread::Builder::new()
+            .name("tokshuf-reader".into())
+            .spawn(move || {
+                let mut seq = 0u64;
+                let mut emit = |job: Job| -> bool {
+                    if stop.load(Ordering::Relaxed) || cancel.load(Ordering::Relaxed) || slot_tx.send(()).is_err() {
+                        return false;
+                    }
+                    let s = seq;
+                    seq += 1;
+                    match job {
+                        Job::Lines { file, first_line, buf, ends } => {
+                            let (cfg, tx, stop) = (cfg.clone(), done_tx.clone(), stop.clone());
+                            let path = paths.iter().find(|(f, _)| *f == file).map(|(_, p)| p.clone()).unwrap_or_default();
+                            pool.spawn(move || {
+                                let out = if stop.load(Ordering::Relaxed) {
+                                    Ok(Tokenized::default())
+                                } else {
+                                    tokenize_batch(&cfg, &path, first_line, &buf, &ends)
+                                };
+                                let _ = tx.send((s, Done::Lines { file, out }));
+                            });
+                        }
+                        other => {
+                            let _ = done_tx.send((s, Done::Passthrough(other)));
+                        }
+                    }
+                    true
+                };
+                // Up to `window` files are open; each turn reads one batch of the first and
+                // puts it back at the end, so open files advance together.
+                let mut queue = paths.iter();
+                let mut open: std::collections::VecDeque<(usize, LineBatcher<Box<dyn std::io::BufRead + Send>>)> =
+                    std::collections::VecDeque::new();
+                loop {
+                    while open.len() < window {
+                        let Some((file, path)) = queue.next() else { break };
+                        match input::open(path) {
+                            Ok(r) => open.push_back((*file, LineBatcher::new(r))),
+                            Err(error) => {
+                                emit(Job::OpenError { error });
+                                return;
+                            }
+                        }
+                    }
+                    let Some((file, mut lines)) = open.pop_front() else { return };
+                    let (mut buf, mut ends) = (Vec::with_capacity(batch_bytes + 4096), Vec::new());
+                    let first_line = lines.next_line;
+                    match lines.fill(&mut buf, &mut ends, batch_bytes) {
+                        Ok(true) => {
+                            if !emit(Job::Lines { file, first_line, buf, ends }) {
+                                return;
+                            }
+                            open.push_back((file, lines));
+                        }
+                        Ok(false) => {
+                            if !emit(Job::FileEnd { file }) {
+                                return;
+                            }
+                        }
+                        Err(error) => {
+                            // Lines read before the failure in this batch are still good.
+                            let line = lines.next_line;
+                            if !ends.is_empty() && !emit(Job::Lines { file, first_line, buf, ends }) {
+                                return;
+                            }
+                            if !emit(Job::StreamError { file, line, error }) || !emit(Job::FileEnd { file }) {
+                                return;
+                            }
+                        }
+                    }
+                }
+            })
+            .map_err(|e| Error::Config(format!("cannot start reader thread: {e}")))?
+    };
+
+    let mut writers: HashMap<usize, FileWriter> = HashMap::new();
+    let ctx = Consume { cfg, paths, work, done_rx: &done_rx, slot_rx: &slot_rx, cancel, schedule };
+    let result = ctx.run(&mut writers, &mut on_event, files.len());
+    stop.store(true, Ordering::Relaxed);
+    drop(slot_rx); // unblocks the reader if it waits for a slot
+    let _ = reader.join();
+    // Every task holds a sender: draining until all are gone means none outlives this call.
+    while done_rx.recv().is_ok() {}
+    // Spills of files left unfinished (an error, Ctrl-C) are redone by the next run anyway;
+    // removing them now gives their space back (it may be a full disk that stopped us).
+    for (_, w) in writers.drain() {
+        let tmp = w.tmp.clone();
+        drop(w);
+        let _ = std::fs::remove_file(tmp);
+    }
+    result
+}
+
+struct Consume<'a> {
+    cfg: &'a Stage1Config,
+    paths: &'a [PathBuf],
+    work: &'a Path,
+    done_rx: &'a crossbeam_channel::Receiver<(u64, Done)>,
+    slot_rx: &'a crossbeam_channel::Receiver<()>,
+    cancel: &'a AtomicBool,
+    schedule: Schedule,
+}
+
+impl Consume<'_> {
+    fn run(
+        &self,
+        writers: &mut HashMap<usize, FileWriter>,
+        on_event: &mut impl FnMut(Event<'_>) -> Result<()>,
+        mut files_left: usize,
+    ) -> Result<()> {
+        let (cfg, paths, work) = (self.cfg, self.paths, self.work);
+        let mut pending: BTreeMap<u64, Done> = BTreeMap::new();
+        let mut next = 0u64;
+        let buffer = ((1usize << 20) / self.schedule.window.max(1)).max(64 << 10);
+        while files_left > 0 {
+            if self.cancel.load(Ordering::Relaxed) {
+                return Err(Error::Interrupted);
+            }
+            let (seq, done) = match self.done_rx.recv_timeout(std::time::Duration::from_millis(100)) {
+                Ok(v) => v,
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                    on_event(Event::Idle)?;
+                    continue;
+                }
+                Err(_) => return Err(Error::Config("stage 1 workers stopped unexpectedly".into())),
+            };
+            pending.insert(seq, done);
+            while let Some(done) = pending.remove(&next) {
+                next += 1;
+                let _ = self.slot_rx.try_recv();
+                let file = match &done {
+                    Done::Lines { file, .. } => *file,
+                    Done::Passthrough(Job::Lines { file, .. } | Job::StreamError { file, .. } | Job::FileEnd { file }) => *file,
+                    Done::Passthrough(Job::OpenError { .. }) => usize::MAX,
+                };
+                if file != usize::MAX && !writers.contains_key(&file) {
+                    writers.insert(file, FileWriter::create(cfg, &spill_path(work, file), buffer)?);
+                }
+                match done {
+                    Done::Passthrough(Job::OpenError { error }) => return Err(error),
+                    Done::Lines { out, .. } => {
+                        let t = out?;
+                        let w = writers.get_mut(&file).expect("inserted above");
+                        w.absorb(cfg, &paths[file], t)?;
+                        let every = self.schedule.notify_every;
+                        let n = w.summary.num_contexts;
+                        if every > 0 && n / every > w.notified / every {
+                            w.out.flush().map_err(|e| Error::io(&w.tmp, e))?;
+                            w.notified = n;
+                            on_event(Event::Contexts { file, count: n, spill: &w.shared })?;
+                        }
+                    }
+                    Done::Passthrough(Job::StreamError { line, error, .. }) => {
+                        let w = writers.get_mut(&file).expect("inserted above");
+                        let reason = format!("cannot decompress or read: {error}");
+                        match cfg.errors {
+                            ErrorPolicy::Raise => {
+                                return Err(Error::BadInput { path: paths[file].clone(), line, reason, kind: SkipReason::CorruptStream })
+                            }
+                            ErrorPolicy::Skip => w.skip(&paths[file], SkipReason::CorruptStream, line, &reason),
+                        }
+                    }
+                    Done::Passthrough(Job::FileEnd { .. }) => {
+                        let w = writers.remove(&file).expect("inserted above");
+                        let tmp = w.tmp.clone();
+                        let (summary, spill_bytes) = w.finish(cfg, cfg.tail, work, file).inspect_err(|_| {
+                            let _ = std::fs::remove_file(&tmp);
+                        })?;
+                        on_event(Event::Done { file, summary: &summary, spill_bytes })?;
+                        files_left -= 1;
+                    }
+                    Done::Passthrough(Job::Lines { .. }) => unreachable!("lines are always tokenized"),
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn tokenize_batch(cfg: &Stage1Config, path: &Path, first_line: u64, buf: &[u8], ends: &[usize]) -> Result<Tokenized> {
+    let mut t = Tokenized { ids: Vec::with_capacity(buf.len() / 3), ..Default::default() };
+    let mut start = 0;
+    for (i, &end) in ends.iter().enumerate() {
+        let raw = &buf[start..end];
+        start = end;
+        let raw = raw.strip_suffix(b"\n").unwrap_or(raw);
+        let line_no = first_line + i as u64;
+        match input::parse_line(raw, &cfg.text_key) {
+            Line::Blank => t.blank += 1,
+            Line::Bad(kind, reason) => match cfg.errors {
+                ErrorPolicy::Raise => return Err(Error::BadInput { path: path.to_path_buf(), line: line_no, reason, kind }),
+                ErrorPolicy::Skip => t.skipped.push((kind, line_no, reason)),
+            },
+            Line::Text(text) if text.is_empty() => t.empty += 1,
+            Line::Text(text) => {
+                let mark = t.ids.len();
+                t.ids.extend(cfg.bos_id);
+                match cfg.encoder.encode_into(&text, &mut t.ids) {
+                    Ok(()) => {
+                        t.ids.push(cfg.eot_id);
+                        t.documents += 1;
+                        t.text_bytes += text.len() as u64;
+                    }
+                    Err(reason) => {
+                        t.ids.truncate(mark); // nothing of a failed document reaches the cache
+                        let kind = SkipReason::TokenizerFailed;
+                        match cfg.errors {
+                            ErrorPolicy::Raise => return Err(Error::BadInput { path: path.to_path_buf(), line: line_no, reason, kind }),
+                            ErrorPolicy::Skip => t.skipped.push((kind, line_no, reason)),
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(t)
+}
+
+/// A spill file written through a buffer while other threads read its finished part.
+pub struct SharedFile(pub Arc<File>);
+
+impl Write for SharedFile {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        (&*self.0).write(data)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Cuts one file's id stream into contexts and appends them to its spill.
+struct FileWriter {
+    out: BufWriter<SharedFile>,
+    shared: Arc<File>,
+    tmp: PathBuf,
+    cur: Vec<u32>,
+    bytes: Vec<u8>,
+    summary: FileSummary,
+    notified: u64,
+}
+
+impl FileWriter {
+    fn create(cfg: &Stage1Config, path: &Path, buffer: usize) -> Result<Self> {
+        let tmp = format::tmp_name(path);
+        let f =
+            std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&tmp).map_err(|e| Error::io(&tmp, e))?;
+        let shared = Arc::new(f);
+        Ok(FileWriter {
+            out: BufWriter::with_capacity(buffer, SharedFile(shared.clone())),
+            shared,
+            tmp,
+            cur: Vec::with_capacity(cfg.seqlen),
+            bytes: Vec::new(),
+            summary: FileSummary::default(),
+            notified: 0,
+        })
+    }
+
+    fn skip(&mut self, path: &Path, kind: SkipReason, line: u64, reason: &str) {
+        *self.summary.skipped.entry(kind.name().to_string()).or_default() += 1;
+        let ex = self.summary.skipped_examples.entry(kind.name().to_string()).or_default();
+        if ex.len() < MAX_EXAMPLES {
+            ex.push(format!("{}:{line}: {reason}", path.display()));
+        }
+    }
+
+    fn absorb(&mut self, cfg: &Stage1Config, path: &Path, t: Tokenized) -> Result<()> {
+        for (kind, line, reason) in &t.skipped {
+            self.skip(path, *kind, *line, reason);
+        }
+        let s = &mut self.summary;
+        s.num_documents += t.documents;
+        s.empty_documents += t.empty;
+        s.blank_lines += t.blank;
+        s.text_bytes += t.text_bytes;
+        s.num_tokens += t.ids.len() as u64;
+        let mut ids = &t.ids[..];
+        while !ids.is_empty() {
+            let take = (cfg.seqlen - self.cur.len()).min(ids.len());
+            if self.cur.is_empty() && take == cfg.seqlen {
+                self.write_context(cfg, &ids[..take])?;
+            } else {
+                self.cur.extend_from_slice(&ids[..take]);
+                if self.cur.len() == cfg.seqlen {
+                    let ctx = std::mem::take(&mut self.cur);
+                    self.write_context(cfg, &ctx)?;
+                    self.cur = ctx;
+                    self.cur.clear();
+                }
+            }
+            ids = &ids[take..];
+        }
+        Ok(())
+    }
+
+    fn write_context(&mut self, cfg: &Stage1Config, ids: &[u32]) -> Result<()> {
+        encode_ids(cfg.dtype, ids, &mut self.bytes);
+        crate::testhook::charge(self.bytes.len()).and_then(|_| self.out.write_all(&self.bytes)).map_err(|e| Error::io(&self.tmp, e))?;
+        self.summary.num_contexts += 1;
+        Ok(())
+    }
+
+    fn finish(mut self, cfg: &Stage1Config, tail_policy: Tail, work: &Path, file: usize) -> Result<(FileSummary, u64)> {
+        let tail = std::mem::take(&mut self.cur);
+        match tail_policy {
+            Tail::Stitch => self.summary.tail = tail,
+            Tail::Drop => {
+                self.summary.dropped_tokens = tail.len() as u64;
+                self.summary.num_tokens -= tail.len() as u64;
+            }
+            Tail::Pad if !tail.is_empty() => {
+                let pad = cfg.seqlen - tail.len();
+                let mut ctx = tail;
+                ctx.resize(cfg.seqlen, cfg.pad_id);
+                let pos = self.summary.num_contexts;
+                self.write_context(cfg, &ctx)?;
+                self.summary.padded.push((pos, pad as u32));
+            }
+            Tail::Pad => {}
+        }
+        self.out.flush().map_err(|e| Error::io(&self.tmp, e))?;
+        let f = &self.shared;
+        f.sync_all().map_err(|e| Error::io(&self.tmp, e))?;
+        let spill_bytes = f.metadata().map(|m| m.len()).unwrap_or(0);
+        let path = spill_path(work, file);
+        std::fs::rename(&self.tmp, &path).map_err(|e| Error::io(&path, e))?;
+        crate::testhook::point("stage1.spill");
+        format::write_atomic(&summary_path(work, file), &format::to_json_bytes(&self.summary))?;
+        crate::testhook::point("stage1.file");
+        Ok((self.summary, spill_bytes))
+    }
+}
+
+/// Window an already-known id stream (the stitched tails) into a spill, padding the last one.
+pub fn write_stitched(cfg: &Stage1Config, work: &Path, file: usize, ids: &[u32]) -> Result<FileSummary> {
+    let mut w = FileWriter::create(cfg, &spill_path(work, file), 1 << 20)?;
+    let tmp = w.tmp.clone();
+    let r = w
+        .absorb(cfg, Path::new(""), Tokenized { ids: ids.to_vec(), ..Default::default() })
+        .and_then(|_| w.finish(cfg, Tail::Pad, work, file));
+    if r.is_err() {
+        let _ = std::fs::remove_file(tmp);
+    }
+    Ok(r?.0)
+}
+
+pub fn encode_ids(dtype: Dtype, ids: &[u32], out: &mut Vec<u8>) {
+    out.clear();
+    match dtype {
+        Dtype::Uint16 => out.extend(ids.iter().flat_map(|&i| (i as u16).to_le_bytes())),
+        Dtype::Uint32 => out.extend(ids.iter().flat_map(|&i| i.to_le_bytes())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One id per byte; refuses any text holding U+0001, as a tokenizer may refuse a document.
+    struct Picky;
+
+    impl Encoder for Picky {
+        fn encode_into(&self, text: &str, out: &mut Vec<u32>) -> std::result::Result<(), String> {
+            out.extend(text.bytes().map(u32::from));
+            if text.contains('\u{1}') {
+                return Err("cannot encode U+0001".into()); // after writing some ids, on purpose
+            }
+            Ok(())
+        }
+        fn decode(&self, _: &[u32]) -> String {
+            String::new()
+        }
+    }
+
+    fn cfg(errors: ErrorPolicy) -> Stage1Config {
+        Stage1Config {
+            encoder: Arc::new(Picky),
+            text_key: "text".into(),
+            bos_id: Some(7),
+            eot_id: 9,
+            pad_id: 9,
+            seqlen: 4,
+            dtype: Dtype::Uint16,
+            tail: Tail::Stitch,
+            errors,
+        }
+    }
+
+    #[test]
+    fn a_document_the_tokenizer_refuses_follows_the_policy() {
+        let lines = b"{\"text\": \"ab\"}\n{\"text\": \"x\\u0001y\"}\n{\"text\": \"c\"}\n";
+        let ends: Vec<usize> = lines.iter().enumerate().filter(|(_, &b)| b == b'\n').map(|(i, _)| i + 1).collect();
+        let path = Path::new("in.jsonl");
+        let t = tokenize_batch(&cfg(ErrorPolicy::Skip), path, 10, lines, &ends).unwrap();
+        // Nothing of the refused document (not even its BOS) is kept.
+        assert_eq!(t.ids, vec![7, 97, 98, 9, 7, 99, 9]);
+        assert_eq!(t.documents, 2);
+        assert_eq!(t.skipped.len(), 1);
+        assert_eq!((t.skipped[0].0, t.skipped[0].1), (SkipReason::TokenizerFailed, 11));
+        match tokenize_batch(&cfg(ErrorPolicy::Raise), path, 10, lines, &ends) {
+            Err(e @ Error::BadInput { kind: SkipReason::TokenizerFailed, line: 11, .. }) => {
+                assert_eq!(e.to_string(), "in.jsonl:11: cannot encode U+0001");
+            }
+            other => panic!("{:?}", other.map(|t| t.ids)),
+        }
+    }
+}

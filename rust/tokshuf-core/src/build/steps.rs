@@ -1,0 +1,247 @@
+//! The build as composable, idempotent steps. The one-machine driver (`build::build`) runs them
+//! on a rayon pool; another engine (a cluster) can run the same steps on other machines, since
+//! every input is plain data (paths, the recipe, summaries, chunk ranges) and every output is a
+//! pure function of those inputs, published by an atomic rename: a step run twice, or
+//! elsewhere, writes the same bytes.
+//!
+//! 1. [`plan`]: options -> recipe (and the loaded tokenizer).
+//! 2. [`stage1_file`]: one input file -> its spill and summary in the work folder.
+//! 3. [`stitch`] (tail "stitch" only): the files' tails -> one more spill and summary.
+//! 4. [`ChunkPlan::new`]: the summaries -> which contexts form which chunk.
+//! 5. [`stage2_chunks`]: a range of chunks -> their shards in the output, and manifest lines.
+//! 6. [`finalize`]: manifest.jsonl, then tokshuf.json with status "complete".
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::ops::Range;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use rayon::prelude::*;
+use rayon::ThreadPool;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::cells::{self, pack};
+use super::manifest::manifest_text;
+use super::plan::{self, ChunkPlan};
+use super::shard::{write_shard, ShardSpec};
+use super::spills::Spills;
+use super::stage1::{self, Schedule, Stage1Config};
+use super::BuildOptions;
+use crate::error::{Error, Result};
+use crate::format::{self, FileSummary, ManifestLine, Metadata, Recipe, Status, Tail, Totals, MANIFEST_NAME, META_NAME};
+use crate::testhook;
+use crate::tokenize::Tokenizer;
+
+/// What every step of one build needs besides its own arguments.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Job {
+    pub recipe: Recipe,
+    /// The cache folder.
+    pub out: PathBuf,
+    /// The work folder of stage 1's spills and summaries (must be shared by the machines that
+    /// run stage 1 and stage 2 of the same files).
+    pub work: PathBuf,
+}
+
+impl Job {
+    pub fn paths(&self) -> Vec<PathBuf> {
+        self.recipe.inputs.iter().map(|f| PathBuf::from(&f.path)).collect()
+    }
+    fn shard_spec(&self, cancel: Arc<AtomicBool>) -> ShardSpec {
+        ShardSpec { out: self.out.clone(), format: self.recipe.format, dtype: self.recipe.dtype, seqlen: self.recipe.seqlen as u64, cancel }
+    }
+}
+
+/// Step 1: load the tokenizer and make the recipe.
+pub fn plan(opts: &BuildOptions) -> Result<(Recipe, Tokenizer)> {
+    opts.validate()?;
+    let tok = Tokenizer::load(&opts.tokenizer, opts.allow_special_tokens, opts.tokenizer_backend)?;
+    let recipe = plan::recipe(opts, &tok)?;
+    Ok((recipe, tok))
+}
+
+/// What stage 1 needs of the recipe and tokenizer.
+pub fn stage1_config(recipe: &Recipe, tok: &Tokenizer) -> Arc<Stage1Config> {
+    Arc::new(Stage1Config {
+        encoder: tok.encoder.clone(),
+        text_key: recipe.text_key.clone(),
+        bos_id: recipe.bos_id,
+        eot_id: recipe.eot_id,
+        pad_id: recipe.pad_id,
+        seqlen: recipe.seqlen as usize,
+        dtype: recipe.dtype,
+        tail: recipe.tail,
+        errors: recipe.errors,
+    })
+}
+
+/// The summary of input file `file`, if stage 1 finished it.
+pub fn summary(job: &Job, file: usize) -> Result<Option<FileSummary>> {
+    let path = stage1::summary_path(&job.work, file);
+    if path.exists() {
+        format::read_json(&path).map(Some)
+    } else {
+        Ok(None)
+    }
+}
+
+/// Step 2: tokenize and window input files `files`, writing their spills and summaries.
+/// Files already done are skipped; `on_done` hears of each file finished now.
+pub fn stage1_files(
+    job: &Job,
+    cfg: &Arc<Stage1Config>,
+    files: &[usize],
+    pool: &Arc<ThreadPool>,
+    cancel: &Arc<AtomicBool>,
+    mut on_done: impl FnMut(usize, &FileSummary),
+) -> Result<Vec<FileSummary>> {
+    std::fs::create_dir_all(&job.work).map_err(|e| Error::io(&job.work, e))?;
+    let todo: Vec<usize> = files.iter().copied().filter(|&f| !stage1::summary_path(&job.work, f).exists()).collect();
+    let schedule = Schedule { window: 1, notify_every: 0, batch_bytes: stage1::BATCH_BYTES };
+    stage1::run(cfg, &job.paths(), &todo, &job.work, pool, cancel, schedule, |ev| {
+        if let stage1::Event::Done { file, summary, .. } = ev {
+            on_done(file, summary);
+        }
+        Ok(())
+    })?;
+    files.iter().map(|&f| summary(job, f)?.ok_or_else(|| Error::Config(format!("stage 1 left file {f} unfinished")))).collect()
+}
+
+/// Step 3: with tail "stitch", window the tails of all files (`summaries`, in file order) as
+/// one more file. None for the other tail policies.
+pub fn stitch(job: &Job, cfg: &Stage1Config, summaries: &[FileSummary]) -> Result<Option<FileSummary>> {
+    if job.recipe.tail != Tail::Stitch {
+        return Ok(None);
+    }
+    let n = job.recipe.inputs.len();
+    if let Some(s) = summary(job, n)? {
+        return Ok(Some(s));
+    }
+    let ids: Vec<u32> = summaries.iter().flat_map(|s| s.tail.iter().copied()).collect();
+    let s = stage1::write_stitched(cfg, &job.work, n, &ids)?;
+    testhook::point("stage1.stitched");
+    Ok(Some(s))
+}
+
+/// Step 5: write the shards of chunks `chunks` (of `plan`, from the spills of `summaries`);
+/// returns their manifest lines in chunk order. A shard already there is kept (and hashed).
+/// `on_chunk` hears of each chunk as it is written, on the pool's threads.
+pub fn stage2_chunks(
+    job: &Job,
+    plan: &ChunkPlan,
+    summaries: &[FileSummary],
+    chunks: Range<u64>,
+    pool: &ThreadPool,
+    cancel: &Arc<AtomicBool>,
+    on_chunk: &(dyn Fn(u64, &ManifestLine) -> Result<()> + Sync),
+) -> Result<Vec<ManifestLine>> {
+    if chunks.is_empty() {
+        return Ok(Vec::new());
+    }
+    let spec = job.shard_spec(cancel.clone());
+    let cs = plan.chunk_size;
+    let lines = match plan.cells {
+        Some(ncells) => {
+            let (c0, c1, skip) = plan.cells_of(chunks.start, chunks.end);
+            let ids =
+                cells::shuffled_cells(pool, job.recipe.seed, &plan.counts, ncells, c0, c1, &plan.cell_sizes[c0 as usize..c1 as usize]);
+            let end = (chunks.end * cs).min(plan.num_contexts()) - chunks.start * cs;
+            let ids = &ids[skip as usize..(skip + end) as usize];
+            let padded: HashMap<u64, u32> =
+                summaries.iter().enumerate().flat_map(|(f, s)| s.padded.iter().map(move |&(p, n)| (pack(f, p), n))).collect();
+            let spills = Spills::open(&job.work, plan.counts.len(), spec.context_bytes())?;
+            testhook::point("stage2.group");
+            pool.install(|| {
+                ids.par_chunks(cs as usize)
+                    .enumerate()
+                    .map(|(i, ids)| {
+                        let chunk = chunks.start + i as u64;
+                        let padding: u64 = ids.iter().filter_map(|id| padded.get(id)).map(|&n| n as u64).sum();
+                        let mut open = HashMap::new();
+                        let line = write_shard(&spec, chunk, ids.len(), padding, |i, buf| spills.read(&mut open, ids[i as usize], buf))?;
+                        on_chunk(chunk, &line)?;
+                        Ok(line)
+                    })
+                    .collect::<Result<Vec<_>>>()
+            })?
+        }
+        None => pool.install(|| {
+            chunks
+                .clone()
+                .into_par_iter()
+                .map(|chunk| {
+                    let p = plan.placed(chunk).ok_or_else(|| Error::Config(format!("chunk {chunk} is not in the plan")))?;
+                    let line = write_placed(job, &spec, summaries, p.file, p.start, p.len, chunk)?;
+                    on_chunk(chunk, &line)?;
+                    Ok(line)
+                })
+                .collect::<Result<Vec<_>>>()
+        })?,
+    };
+    Ok(lines)
+}
+
+/// Write chunk `chunk` from contexts `start..start+len` of one file's spill (streaming order).
+pub(crate) fn write_placed(
+    job: &Job,
+    spec: &ShardSpec,
+    summaries: &[FileSummary],
+    file: usize,
+    start: u64,
+    len: u64,
+    chunk: u64,
+) -> Result<ManifestLine> {
+    let path = stage1::spill_path(&job.work, file);
+    let spill = File::open(&path).map_err(|e| Error::io(&path, e))?;
+    write_spill_range(spec, &path, &spill, summaries.get(file), start, len, chunk)
+}
+
+/// Write chunk `chunk` from contexts `start..start+len` of an open spill.
+pub(crate) fn write_spill_range(
+    spec: &ShardSpec,
+    path: &Path,
+    spill: &File,
+    summary: Option<&FileSummary>,
+    start: u64,
+    len: u64,
+    chunk: u64,
+) -> Result<ManifestLine> {
+    let end = start + len;
+    let padding: u64 = summary.map_or(0, |s| s.padded.iter().filter(|&&(pos, _)| pos >= start && pos < end).map(|&(_, n)| n as u64).sum());
+    let cb = spec.context_bytes();
+    write_shard(spec, chunk, len as usize, padding, |i, buf| spill.read_exact_at(buf, (start + i) * cb).map_err(|e| Error::io(path, e)))
+}
+
+/// The figures and plan fields of tokshuf.json from status "writing" on.
+pub fn planned_metadata(job: &Job, plan: &ChunkPlan, totals: Totals, build: Value) -> Metadata {
+    let mut m = Metadata::new(&job.recipe, Status::Writing, build);
+    m.num_chunks = Some(plan.num_chunks());
+    m.num_contexts = Some(plan.num_contexts());
+    m.chunk_sizes = Some((!job.recipe.shuffle).then(|| plan.chunk_sizes()));
+    m.totals = Some(totals);
+    m
+}
+
+/// Publish tokshuf.json (the one file a reader trusts for the state of the build).
+pub fn write_metadata(out: &Path, meta: &Metadata) -> Result<()> {
+    format::write_atomic_as(&out.join(META_NAME), &meta.to_bytes(), &format!("tokshuf.json[{}]", meta.status.as_str()))
+}
+
+/// Step 6: the whole manifest, then tokshuf.json "complete": a complete tokshuf.json means a
+/// complete cache. `lines` are every chunk's, in chunk order.
+pub fn finalize(job: &Job, plan: &ChunkPlan, totals: Totals, lines: &[ManifestLine], build: Value) -> Result<Metadata> {
+    if lines.len() as u64 != plan.num_chunks() || lines.iter().enumerate().any(|(k, l)| l.shard != format::shard_stem(k as u64)) {
+        return Err(Error::Config("internal error: chunks missing from the manifest (please report)".into()));
+    }
+    format::write_atomic(&job.out.join(MANIFEST_NAME), &manifest_text(lines))?;
+    let mut meta = planned_metadata(job, plan, totals, build);
+    meta.status = Status::Complete;
+    meta.bytes_out = Some(lines.iter().map(|m| m.bytes()).sum());
+    write_metadata(&job.out, &meta)?;
+    testhook::point("complete");
+    Ok(meta)
+}

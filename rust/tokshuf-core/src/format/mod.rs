@@ -1,0 +1,24 @@
+//! The cache format (DESIGN §2-3): names in a cache folder, tokshuf.json and manifest.jsonl as
+//! typed values, the tar member layout, atomic publication, and the build lock that tells a
+//! reader whether a build is running. Builders and readers both depend on this module and on
+//! nothing of each other.
+
+mod atomic;
+mod layout;
+pub mod lock;
+mod manifest;
+mod meta;
+mod names;
+
+pub use atomic::{read_json, tmp_name, to_json_bytes, write_atomic, write_atomic_as};
+pub use layout::{decode_ids, member_name, npy_header, npy_stride, TAR_BLOCK};
+pub use manifest::ManifestLine;
+pub use meta::{
+    Dtype, ErrorPolicy, FileSummary, Format, InputFile, Metadata, Recipe, Status, Tail, TokenizerInfo, Totals, FORMAT_VERSION, VERSION,
+};
+pub use names::{is_data, is_ours, shard_path, shard_stem, LOCK_NAME, MANIFEST_NAME, META_NAME, WORK_NAME};
+
+/// Lower-case hex of a digest.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

@@ -1,0 +1,36 @@
+//! The names of everything in a cache folder (DESIGN §2). Readers and builders build paths
+//! from these and from indices only: nothing is opened by a name read from a file.
+
+use std::path::{Path, PathBuf};
+
+pub const META_NAME: &str = "tokshuf.json";
+pub const MANIFEST_NAME: &str = "manifest.jsonl";
+/// The builder's scratch folder inside the output (unless `local_cell_dir` moves it).
+pub const WORK_NAME: &str = ".tokshuf-work";
+/// Held (flock) by a running build: see `lock`.
+pub const LOCK_NAME: &str = ".tokshuf-lock";
+
+pub fn shard_stem(chunk: u64) -> String {
+    format!("shard_{chunk:08}")
+}
+
+/// Shard path of chunk `c`.
+pub fn shard_path(root: &Path, c: u64) -> PathBuf {
+    root.join(format!("{}.tar", shard_stem(c)))
+}
+
+/// Names a build writes into its output folder (finished or not).
+pub fn is_ours(name: &str) -> bool {
+    name == META_NAME
+        || name == MANIFEST_NAME
+        || name == WORK_NAME
+        || (name.starts_with("shard_") && (name.ends_with(".tar") || name.ends_with(".tar.tmp")))
+        || name == "tokshuf.json.tmp"
+        || name == "manifest.jsonl.tmp"
+        || name == LOCK_NAME
+}
+
+/// Names that hold cache data (as opposed to metadata and scratch).
+pub fn is_data(name: &str) -> bool {
+    name == MANIFEST_NAME || (name.starts_with("shard_") && name.ends_with(".tar"))
+}

@@ -1,0 +1,152 @@
+//! Reading tar members of `json.gz` shards (DESIGN §3): the member index and the id lists.
+
+use std::path::Path;
+
+use crate::error::{Error, Result};
+use crate::format::{self, Format};
+
+/// Output element types of the reader.
+pub trait Id: Copy + Default + Send + Sync + 'static {
+    fn from_id(x: u32) -> Self;
+}
+impl Id for u16 {
+    #[inline]
+    fn from_id(x: u32) -> Self {
+        x as u16
+    }
+}
+impl Id for u32 {
+    #[inline]
+    fn from_id(x: u32) -> Self {
+        x
+    }
+}
+impl Id for i32 {
+    #[inline]
+    fn from_id(x: u32) -> Self {
+        x as i32
+    }
+}
+impl Id for i64 {
+    #[inline]
+    fn from_id(x: u32) -> Self {
+        x as i64
+    }
+}
+
+pub(super) fn header_name_is(header: &[u8], name: &str) -> bool {
+    let field = &header[..100];
+    let n = name.len();
+    n < 100 && &field[..n] == name.as_bytes() && field[n..].iter().all(|&b| b == 0) && header[345..500].iter().all(|&b| b == 0)
+}
+
+fn parse_octal(field: &[u8]) -> Option<u64> {
+    let s = field.iter().position(|&b| b != b' ').unwrap_or(field.len());
+    let mut v: u64 = 0;
+    let mut digits = 0;
+    for &b in &field[s..] {
+        match b {
+            b'0'..=b'7' => {
+                v = v.checked_mul(8)?.checked_add((b - b'0') as u64)?;
+                digits += 1;
+            }
+            0 | b' ' => break,
+            _ => return None,
+        }
+    }
+    (digits > 0).then_some(v)
+}
+
+/// Offsets of the data of each member of a json.gz shard, checking names, types, checksums and
+/// that exactly `n` members are followed by the end-of-archive blocks.
+pub(super) fn index_json_gz(path: &Path, data: &[u8], chunk: u64, n: u64) -> Result<Vec<(usize, usize)>> {
+    let block = format::TAR_BLOCK as usize;
+    let mut members = Vec::with_capacity(n as usize);
+    let mut off = 0usize;
+    for i in 0..n {
+        let name = format::member_name(chunk, i, Format::JsonGz);
+        let bad = |reason: String| Error::corrupt(path, format!("member {i} at byte {off}: {reason}"));
+        if off + block > data.len() {
+            return Err(bad("archive ends early".into()));
+        }
+        let h = &data[off..off + block];
+        let stored = parse_octal(&h[148..156]).ok_or_else(|| bad("unreadable header checksum".into()))?;
+        let sum: u64 = h.iter().enumerate().map(|(k, &b)| if (148..156).contains(&k) { b' ' as u64 } else { b as u64 }).sum();
+        if sum != stored {
+            return Err(bad("header checksum mismatch".into()));
+        }
+        if !header_name_is(h, &name) {
+            return Err(bad(format!("not named {name:?}")));
+        }
+        if !matches!(h[156], b'0' | 0) {
+            return Err(bad("not a regular file member".into()));
+        }
+        let size = parse_octal(&h[124..136]).ok_or_else(|| bad("unreadable size".into()))? as usize;
+        let start = off + block;
+        let end = start.checked_add(size.div_ceil(block) * block).filter(|&e| e + 2 * block <= data.len());
+        let end = end.ok_or_else(|| bad(format!("size {size} runs past the end of the shard")))?;
+        members.push((start, size));
+        off = end;
+    }
+    if data.len() - off != 2 * block || data[off..].iter().any(|&b| b != 0) {
+        return Err(Error::corrupt(path, format!("expected the end of the archive after {n} members at byte {off}")));
+    }
+    Ok(members)
+}
+
+/// Parse a compact JSON list of ids (`[1,2,3]`, whitespace tolerated) into `out` exactly.
+pub(super) fn parse_id_list<T: Id>(text: &[u8], max: u64, out: &mut [T]) -> std::result::Result<(), String> {
+    let mut pos = 0usize;
+    let skip_ws = |pos: &mut usize| {
+        while *pos < text.len() && matches!(text[*pos], b' ' | b'\n' | b'\r' | b'\t') {
+            *pos += 1;
+        }
+    };
+    skip_ws(&mut pos);
+    if text.get(pos) != Some(&b'[') {
+        return Err("not a JSON list of ids".into());
+    }
+    pos += 1;
+    let mut count = 0usize;
+    loop {
+        skip_ws(&mut pos);
+        if count == 0 && text.get(pos) == Some(&b']') {
+            pos += 1;
+            break;
+        }
+        let start = pos;
+        let mut v: u64 = 0;
+        while pos < text.len() && text[pos].is_ascii_digit() {
+            v = v * 10 + (text[pos] - b'0') as u64;
+            if v > max {
+                return Err(format!("id at position {count} exceeds {max}"));
+            }
+            pos += 1;
+        }
+        if pos == start {
+            return Err(format!("position {count} is not a non-negative integer"));
+        }
+        if count >= out.len() {
+            return Err(format!("more than {} ids", out.len()));
+        }
+        out[count] = T::from_id(v as u32);
+        count += 1;
+        skip_ws(&mut pos);
+        match text.get(pos) {
+            Some(b',') => pos += 1,
+            Some(b']') => {
+                pos += 1;
+                break;
+            }
+            _ => return Err("malformed JSON list".into()),
+        }
+    }
+    skip_ws(&mut pos);
+    if pos != text.len() {
+        return Err("trailing bytes after the JSON list".into());
+    }
+    if count != out.len() {
+        return Err(format!("{count} ids, expected {}", out.len()));
+    }
+    Ok(())
+}

@@ -1,0 +1,11 @@
+//! Reading caches (DESIGN §6-7): opening and validating a cache, the global example order
+//! against R*, one rank's batches, reading a cache while it is built (follow mode), blends.
+
+pub mod blend;
+pub mod cache;
+pub mod follow;
+mod members;
+pub mod order;
+mod per_process;
+pub mod reader;
+pub mod validate;

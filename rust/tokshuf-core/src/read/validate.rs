@@ -1,0 +1,266 @@
+//! The checks of opening a cache, strict and cheap: tokshuf.json, manifest.jsonl and every
+//! shard's size; no shard data is read. Every check names the file it failed on
+//! (`Error::Corrupt`), and nothing is ever opened by a name read from a file. They are separate
+//! functions so that a reader following a running build can run them again on new shards.
+
+use std::path::Path;
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+use crate::format::{self, shard_path, Dtype, Format, ManifestLine, Metadata, Status, META_NAME};
+
+/// Longest context the reader accepts (guards allocations driven by tokshuf.json).
+const MAX_SEQLEN: u64 = 1 << 24;
+/// The fields of tokshuf.json the reader relies on, validated.
+#[derive(Clone, Debug)]
+pub struct CacheMeta {
+    pub seqlen: u64,
+    pub dtype: Dtype,
+    pub format: Format,
+    pub chunk_size: u64,
+    pub num_chunks: u64,
+    pub num_contexts: u64,
+    pub shuffle: bool,
+    pub chunk_sizes: Option<Vec<u64>>,
+    pub ideal_readers: Option<u64>,
+    pub status: Status,
+    /// The whole document, as read.
+    pub raw: Value,
+}
+
+/// One manifest line, validated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkEntry {
+    pub size: u64,
+    /// `bytes` from the manifest, if given.
+    pub bytes: Option<u64>,
+}
+
+fn field_u64(path: &Path, v: &Value, key: &str) -> Result<u64> {
+    v.get(key).and_then(Value::as_u64).ok_or_else(|| Error::corrupt(path, format!("{key:?} missing or not a non-negative integer")))
+}
+
+fn field_str<'a>(path: &Path, v: &'a Value, key: &str) -> Result<&'a str> {
+    v.get(key).and_then(Value::as_str).ok_or_else(|| Error::corrupt(path, format!("{key:?} missing or not a string")))
+}
+
+/// Read and check tokshuf.json. `complete_only`: refuse a build still running.
+pub fn read_meta(root: &Path, complete_only: bool) -> Result<CacheMeta> {
+    let path = root.join(META_NAME);
+    if !root.is_dir() {
+        return Err(Error::io(root, std::io::Error::new(std::io::ErrorKind::NotFound, "no such cache folder")));
+    }
+    let raw: Value = format::read_json(&path)?;
+    if !raw.is_object() {
+        return Err(Error::corrupt(&path, "not a JSON object"));
+    }
+    let version = field_u64(&path, &raw, "format_version")?;
+    if version != format::FORMAT_VERSION as u64 {
+        return Err(Error::corrupt(
+            &path,
+            format!("format_version {version} is not supported (this tokshuf reads {})", format::FORMAT_VERSION),
+        ));
+    }
+    let status = field_str(&path, &raw, "status")?.to_string();
+    if complete_only && status != "complete" {
+        return Err(Error::corrupt(&path, format!("status is {status:?}: the build is not finished (run it again to resume)")));
+    }
+    let m: Metadata = serde_json::from_value(raw.clone()).map_err(|e| Error::corrupt(&path, format!("unreadable: {e}")))?;
+    let (seqlen, dtype, format, chunk_size, shuffle, status) = (m.seqlen, m.dtype, m.format, m.chunk_size, m.shuffle, m.status);
+    if seqlen == 0 || seqlen > MAX_SEQLEN {
+        return Err(Error::corrupt(&path, format!("seqlen {seqlen} out of range 1..={MAX_SEQLEN}")));
+    }
+    if chunk_size == 0 || chunk_size > u32::MAX as u64 {
+        return Err(Error::corrupt(&path, format!("chunk_size {chunk_size} out of range")));
+    }
+    // An unfinished build ("building", "streaming") has no chunk plan yet (follow mode).
+    let planned = status.planned();
+    let need = |v: Option<u64>, key: &str| v.ok_or_else(|| Error::corrupt(&path, format!("{key:?} missing or not a non-negative integer")));
+    let num_chunks = if planned { need(m.num_chunks, "num_chunks")? } else { 0 };
+    let num_contexts = if planned { need(m.num_contexts, "num_contexts")? } else { 0 };
+    let chunk_sizes = m.chunk_sizes.flatten();
+    let ideal_readers = match m.ideal_readers {
+        Some(0) => return Err(Error::corrupt(&path, "ideal_readers is not a positive integer")),
+        r => r,
+    };
+    if !m.recipe.is_object() {
+        return Err(Error::corrupt(&path, "\"recipe\" missing or not an object"));
+    }
+    Ok(CacheMeta { seqlen, dtype, format, chunk_size, num_chunks, num_contexts, shuffle, chunk_sizes, ideal_readers, status, raw })
+}
+
+/// Parse manifest lines starting at line number `first` (0-based; follow mode appends).
+/// Line k must name `shard_{k:08}`: nothing is ever opened by a name read from a file.
+pub fn parse_manifest(path: &Path, text: &[u8], first: u64, chunk_size: u64) -> Result<Vec<ChunkEntry>> {
+    if !text.is_empty() && !text.ends_with(b"\n") {
+        return Err(Error::corrupt(path, "last line is not newline-terminated (truncated?)"));
+    }
+    let mut out = Vec::with_capacity(text.len() / 100);
+    if text.is_empty() {
+        return Ok(out);
+    }
+    for (k, line) in text[..text.len() - 1].split(|&b| b == b'\n').enumerate() {
+        let lineno = first + k as u64;
+        if line.is_empty() {
+            return Err(Error::corrupt(path, format!("line {}: empty line", lineno + 1)));
+        }
+        let raw: ManifestLine = serde_json::from_slice(line).map_err(|e| Error::corrupt(path, format!("line {}: {e}", lineno + 1)))?;
+        let want = format::shard_stem(lineno);
+        if raw.shard != want {
+            return Err(Error::corrupt(
+                path,
+                format!(
+                    "line {}: shard {:?} is not {want:?} (shards must be named shard_NNNNNNNN in manifest order)",
+                    lineno + 1,
+                    raw.shard
+                ),
+            ));
+        }
+        if raw.num_sequences == 0 || raw.num_sequences > chunk_size {
+            return Err(Error::corrupt(
+                path,
+                format!("line {}: num_sequences {} out of range 1..={chunk_size}", lineno + 1, raw.num_sequences),
+            ));
+        }
+        out.push(ChunkEntry { size: raw.num_sequences, bytes: raw.bytes });
+    }
+    Ok(out)
+}
+
+/// `parse_manifest` of a whole manifest, in parts on a few threads when it is large.
+pub fn parse_manifest_all(path: &Path, text: &[u8], chunk_size: u64) -> Result<Vec<ChunkEntry>> {
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(8);
+    if text.len() < (1 << 20) || threads == 1 || !text.ends_with(b"\n") {
+        return parse_manifest(path, text, 0, chunk_size);
+    }
+    // Cut after newlines, so every part is whole lines; number each part's first line.
+    let mut cuts = vec![0usize];
+    for t in 1..threads {
+        let at = (text.len() * t / threads).max(*cuts.last().unwrap_or(&0));
+        let next = text[at..].iter().position(|&b| b == b'\n').map_or(text.len(), |k| at + k + 1);
+        cuts.push(next);
+    }
+    cuts.push(text.len());
+    cuts.dedup();
+    let mut firsts = vec![0u64];
+    for w in cuts.windows(2).take(cuts.len().saturating_sub(2)) {
+        let lines = text[w[0]..w[1]].iter().filter(|&&b| b == b'\n').count() as u64;
+        firsts.push(firsts.last().copied().unwrap_or(0) + lines);
+    }
+    std::thread::scope(|s| {
+        let handles: Vec<_> = cuts
+            .windows(2)
+            .zip(&firsts)
+            .map(|(w, &first)| {
+                let part = &text[w[0]..w[1]];
+                s.spawn(move || parse_manifest(path, part, first, chunk_size))
+            })
+            .collect();
+        let mut out = Vec::new();
+        for h in handles {
+            out.extend(h.join().unwrap_or_else(|_| Err(Error::Config("manifest parser thread panicked".into())))?);
+        }
+        Ok(out)
+    })
+}
+
+/// Expected size of an `npy` shard of `n` contexts.
+pub fn npy_shard_bytes(n: u64, stride: u64) -> u64 {
+    n * stride + 2 * format::TAR_BLOCK
+}
+
+/// Check that chunk `c`'s shard exists with a plausible size; returns the size.
+pub fn check_shard(root: &Path, c: u64, entry: &ChunkEntry, format: Format, stride: u64) -> Result<u64> {
+    let path = shard_path(root, c);
+    let md = std::fs::symlink_metadata(&path).map_err(|e| Error::corrupt(&path, format!("shard missing or unreadable: {e}")))?;
+    if !md.file_type().is_file() {
+        return Err(Error::corrupt(&path, "not a regular file"));
+    }
+    let len = md.len();
+    check_size(&path, entry, len, format, stride)?;
+    Ok(len)
+}
+
+pub(super) fn check_size(path: &Path, entry: &ChunkEntry, len: u64, format: Format, stride: u64) -> Result<()> {
+    if let Some(b) = entry.bytes {
+        if b != len {
+            return Err(Error::corrupt(path, format!("size {len} bytes, manifest says {b} (truncated or changed?)")));
+        }
+    }
+    match format {
+        Format::Npy => {
+            let want = npy_shard_bytes(entry.size, stride);
+            if len != want {
+                return Err(Error::corrupt(
+                    path,
+                    format!("size {len} bytes, expected {want} for {} contexts (truncated or changed?)", entry.size),
+                ));
+            }
+        }
+        Format::JsonGz => {
+            let min = (entry.size * 2 + 2) * format::TAR_BLOCK;
+            if len < min || len % format::TAR_BLOCK != 0 {
+                return Err(Error::corrupt(path, format!("size {len} bytes cannot hold {} json.gz members (truncated?)", entry.size)));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Hex sha256 of tokshuf.json's recipe: what a build was asked to make (known from its start).
+pub fn recipe_fingerprint(raw: &Value) -> String {
+    let mut h = Sha256::new();
+    h.update(b"tokshuf-recipe-v1\0");
+    h.update(serde_json::to_string(&raw["recipe"]).unwrap_or_default().as_bytes());
+    crate::format::hex(&h.finalize())
+}
+
+/// Chunk number of a shard file name `shard_NNNNNNNN.tar` (as the builder writes it).
+fn shard_number(name: &std::ffi::OsStr) -> Option<u64> {
+    let name = name.to_str()?;
+    let digits = name.strip_prefix("shard_")?.strip_suffix(".tar")?;
+    if digits.len() < 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let c: u64 = digits.parse().ok()?;
+    (format::shard_stem(c) + ".tar" == name).then_some(c)
+}
+
+/// Check the size of every shard. One directory listing, then `fstatat` relative to the
+/// directory (no path walk per shard), on a few threads when there are many: opening a cache
+/// of 100,000 chunks is dominated by these 100,000 stat calls.
+pub(super) fn check_shards(root: &Path, chunks: &[ChunkEntry], format: Format, stride: u64) -> Result<()> {
+    let mut entries: Vec<Option<std::fs::DirEntry>> = (0..chunks.len()).map(|_| None).collect();
+    for e in std::fs::read_dir(root).map_err(|e| Error::io(root, e))? {
+        let e = e.map_err(|e| Error::io(root, e))?;
+        if let Some(c) = shard_number(&e.file_name()) {
+            if let Some(slot) = entries.get_mut(c as usize) {
+                *slot = Some(e);
+            }
+        }
+    }
+    let check = |c: usize, e: &Option<std::fs::DirEntry>| -> Result<()> {
+        let path = shard_path(root, c as u64);
+        let Some(e) = e else {
+            return Err(Error::corrupt(&path, "shard missing"));
+        };
+        let md = e.metadata().map_err(|err| Error::corrupt(&path, format!("cannot stat shard: {err}")))?;
+        if !md.file_type().is_file() {
+            return Err(Error::corrupt(&path, "not a regular file"));
+        }
+        check_size(&path, &chunks[c], md.len(), format, stride)
+    };
+    let threads = if chunks.len() < 4096 { 1 } else { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(8) };
+    let per = chunks.len().div_ceil(threads).max(1);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = entries
+            .chunks(per)
+            .enumerate()
+            .map(|(t, part)| s.spawn(move || part.iter().enumerate().try_for_each(|(k, e)| check(t * per + k, e))))
+            .collect();
+        // Report the error of the lowest chunk, whatever the thread timing.
+        handles.into_iter().try_for_each(|h| h.join().unwrap_or_else(|_| Err(Error::Config("shard check thread panicked".into()))))
+    })
+}

@@ -1,0 +1,242 @@
+//! Byte-level BPE for the tiktoken encodings, written here instead of taken from tiktoken-rs
+//! because its merge is quadratic in the piece length (a 1 MB run of one character never
+//! finishes). Short pieces use tiktoken's own scan (fastest for the usual 2-10 bytes); long
+//! pieces use a heap of candidate pairs with lazy invalidation: O(n log n), same ids, because
+//! both always merge the lowest-ranked adjacent pair, leftmost first.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::io::Read;
+
+use rustc_hash::FxHashMap;
+
+use crate::error::{Error, Result};
+
+pub type Ranks = FxHashMap<Vec<u8>, u32>;
+
+/// Parse a `.tiktoken` file: one `base64(token) rank` per line.
+pub fn parse_tiktoken(data: &[u8]) -> Result<Ranks> {
+    let text = std::str::from_utf8(data).map_err(|_| Error::Tokenizer("tiktoken file is not UTF-8".into()))?;
+    let mut ranks = Ranks::default();
+    ranks.reserve(data.iter().filter(|&&b| b == b'\n').count() + 1);
+    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.is_empty()) {
+        let bad = || Error::Tokenizer(format!("tiktoken file line {}: expected 'BASE64 RANK'", i + 1));
+        let (tok, rank) = line.split_once(' ').ok_or_else(bad)?;
+        let rank: u32 = rank.trim().parse().map_err(|_| bad())?;
+        ranks.insert(base64_decode(tok).ok_or_else(bad)?, rank);
+    }
+    Ok(ranks)
+}
+
+fn base64_decode(s: &str) -> Option<Vec<u8>> {
+    fn val(c: u8) -> Option<u32> {
+        Some(match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        } as u32)
+    }
+    let s = s.trim_end_matches('=').as_bytes();
+    let mut out = Vec::with_capacity(s.len() * 3 / 4);
+    for chunk in s.chunks(4) {
+        let mut acc = 0u32;
+        for (i, &c) in chunk.iter().enumerate() {
+            acc |= val(c)? << (18 - 6 * i);
+        }
+        let bytes = acc.to_be_bytes();
+        out.extend_from_slice(&bytes[1..chunk.len()]);
+    }
+    Some(out)
+}
+
+/// Decompress embedded gzip data.
+pub fn gunzip(data: &[u8]) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(data)
+        .read_to_end(&mut out)
+        .map_err(|e| Error::Tokenizer(format!("embedded tokenizer data is damaged: {e}")))?;
+    Ok(out)
+}
+
+/// Above this many bytes a piece is merged with the heap instead of the quadratic scan.
+const HEAP_THRESHOLD: usize = 256;
+
+pub struct BytePairEncoder {
+    ranks: Ranks,
+    byte_ranks: [u32; 256],
+}
+
+impl BytePairEncoder {
+    pub fn new(ranks: Ranks) -> Result<Self> {
+        let mut byte_ranks = [0u32; 256];
+        for b in 0..=255u8 {
+            byte_ranks[b as usize] =
+                *ranks.get(&[b][..]).ok_or_else(|| Error::Tokenizer(format!("vocabulary lacks the single byte {b:#04x}")))?;
+        }
+        Ok(BytePairEncoder { ranks, byte_ranks })
+    }
+
+    pub fn ranks(&self) -> &Ranks {
+        &self.ranks
+    }
+
+    #[inline]
+    fn rank(&self, bytes: &[u8]) -> Option<u32> {
+        self.ranks.get(bytes).copied()
+    }
+
+    #[inline]
+    fn token(&self, bytes: &[u8]) -> u32 {
+        // Every merged symbol is a key of `ranks`; single bytes are always present (checked in new).
+        match bytes.len() {
+            1 => self.byte_ranks[bytes[0] as usize],
+            _ => self.rank(bytes).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// Append the ids of one pre-tokenized piece.
+    pub fn encode_piece(&self, piece: &[u8], out: &mut Vec<u32>) {
+        if let Some(r) = self.rank(piece) {
+            out.push(r);
+        } else if piece.len() <= HEAP_THRESHOLD {
+            self.merge_scan(piece, out);
+        } else {
+            self.merge_heap(piece, out);
+        }
+    }
+
+    /// tiktoken's algorithm: `parts[i]` = (start, rank of the pair starting there).
+    fn merge_scan(&self, piece: &[u8], out: &mut Vec<u32>) {
+        let pair_rank = |parts: &[(usize, u32)], i: usize| -> u32 {
+            if i + 3 < parts.len() {
+                self.rank(&piece[parts[i].0..parts[i + 3].0]).unwrap_or(u32::MAX)
+            } else {
+                u32::MAX
+            }
+        };
+        let mut parts: Vec<(usize, u32)> = Vec::with_capacity(piece.len() + 1);
+        for i in 0..piece.len() - 1 {
+            parts.push((i, self.rank(&piece[i..i + 2]).unwrap_or(u32::MAX)));
+        }
+        parts.push((piece.len() - 1, u32::MAX));
+        parts.push((piece.len(), u32::MAX));
+        loop {
+            let mut min = (u32::MAX, usize::MAX);
+            for (i, &(_, r)) in parts[..parts.len() - 1].iter().enumerate() {
+                if r < min.0 {
+                    min = (r, i);
+                }
+            }
+            if min.0 == u32::MAX {
+                break;
+            }
+            let i = min.1;
+            if i > 0 {
+                parts[i - 1].1 = pair_rank(&parts, i - 1);
+            }
+            parts[i].1 = pair_rank(&parts, i);
+            parts.remove(i + 1);
+        }
+        for w in parts.windows(2) {
+            out.push(self.token(&piece[w[0].0..w[1].0]));
+        }
+    }
+
+    /// Same merges as `merge_scan` in O(n log n): symbols form a linked list over byte
+    /// offsets, candidate pairs sit in a min-heap keyed by `rank << 32 | start` (so the lowest
+    /// rank wins, leftmost first), and a popped candidate is stale unless `pair_rank[start]`
+    /// still holds its rank. That check is exact: the pair starting at a symbol only ever
+    /// grows, and a rank names one byte string, so a rank seen again means the same pair.
+    /// One `u64` per entry keeps the heap small; on a 1 MB piece the heap, not the hashing,
+    /// is the cost, and its cache misses grow with its size.
+    fn merge_heap(&self, piece: &[u8], out: &mut Vec<u32>) {
+        let n = piece.len();
+        debug_assert!(n < u32::MAX as usize); // pieces come from one document line
+        const NONE: u32 = u32::MAX;
+        let mut next: Vec<u32> = (1..=n as u32).collect();
+        let mut prev: Vec<u32> = (0..n as u32).map(|i| if i == 0 { NONE } else { i - 1 }).collect();
+        let mut pair_rank: Vec<u32> = vec![NONE; n];
+        let mut initial = Vec::with_capacity(n);
+        for i in 0..n - 1 {
+            if let Some(r) = self.rank(&piece[i..i + 2]) {
+                pair_rank[i] = r;
+                initial.push(Reverse(((r as u64) << 32) | i as u64));
+            }
+        }
+        let mut heap = BinaryHeap::from(initial);
+        while let Some(Reverse(key)) = heap.pop() {
+            let (r, s) = ((key >> 32) as u32, (key & 0xFFFF_FFFF) as usize);
+            if pair_rank[s] != r {
+                continue;
+            }
+            // Merge the symbol at s with its right neighbour [m, e).
+            let m = next[s] as usize;
+            let e = next[m] as usize;
+            next[s] = e as u32;
+            pair_rank[m] = NONE;
+            pair_rank[s] = NONE;
+            if e < n {
+                prev[e] = s as u32;
+                if let Some(r) = self.rank(&piece[s..next[e] as usize]) {
+                    pair_rank[s] = r;
+                    heap.push(Reverse(((r as u64) << 32) | s as u64));
+                }
+            }
+            let p = prev[s];
+            if p != NONE {
+                let p = p as usize;
+                pair_rank[p] = NONE;
+                if let Some(r) = self.rank(&piece[p..e]) {
+                    pair_rank[p] = r;
+                    heap.push(Reverse(((r as u64) << 32) | p as u64));
+                }
+            }
+        }
+        let mut s = 0;
+        while s < n {
+            let e = next[s] as usize;
+            out.push(self.token(&piece[s..e]));
+            s = e;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_roundtrip() {
+        assert_eq!(base64_decode("IQ==").unwrap(), b"!");
+        assert_eq!(base64_decode("aGVsbG8=").unwrap(), b"hello");
+        assert_eq!(base64_decode("aGVs").unwrap(), b"hel");
+    }
+
+    #[test]
+    fn heap_and_scan_agree() {
+        let mut ranks = Ranks::default();
+        for b in 0..=255u8 {
+            ranks.insert(vec![b], b as u32);
+        }
+        for (i, t) in ["ab", "bc", "abc", "aa", "aaaa", "ca", "bcab"].iter().enumerate() {
+            ranks.insert(t.as_bytes().to_vec(), 256 + i as u32);
+        }
+        let enc = BytePairEncoder::new(ranks).unwrap();
+        let mut seed = 1u64;
+        for len in 2..300 {
+            let piece: Vec<u8> = (0..len)
+                .map(|_| {
+                    seed = crate::hash::mix64(seed + 1);
+                    b"abc"[(seed % 3) as usize]
+                })
+                .collect();
+            let (mut a, mut b) = (vec![], vec![]);
+            enc.merge_scan(&piece, &mut a);
+            enc.merge_heap(&piece, &mut b);
+            assert_eq!(a, b, "{}", String::from_utf8_lossy(&piece));
+        }
+    }
+}

@@ -1,0 +1,428 @@
+//! Byte-level BPE by merge list, as the `BPE` model of Hugging Face `tokenizers` runs it on
+//! the output of a ByteLevel pre-tokenizer: every byte starts as the id of its byte-level
+//! character, then the adjacent pair with the lowest merge rank is merged, leftmost first,
+//! until none is left. Ranks belong to pairs of ids.
+//!
+//! tiktoken's merge (lowest rank of the merged bytes, leftmost first) is the same loop once
+//! every split of every token into two tokens is listed as a pair ranked by the token's
+//! rank (2.2 pairs per token for the OpenAI encodings), plus tiktoken's rule that a piece
+//! which is itself a token is that token. Integer pairs make it several times faster than
+//! hashing byte strings (`bpe.rs`, which stays the reference path).
+//!
+//! `tokenizers` uses a heap whose stale entries are recognised by the merged id alone; as
+//! symbols only ever grow to the right, a stale entry can never pass that test with a
+//! different pair, so its order is exactly "lowest rank, then leftmost", which is what both
+//! loops here implement.
+//!
+//! Merging runs only on memo misses, yet takes a quarter of a cl100k build, most of it
+//! waiting on pair-table lookups from memory. A per-thread 64 KiB direct-mapped cache of
+//! those lookups was tried and gave no measurable gain: the pairs met are too varied.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use std::sync::Arc;
+
+use rustc_hash::FxHashMap;
+use serde_json::Value;
+
+use crate::tokenize::bpe::BytePairEncoder;
+
+const NO_PAIR: (u32, u32) = (u32::MAX, u32::MAX);
+
+/// Above this many bytes a piece is merged with the heap instead of the quadratic scan.
+const HEAP_THRESHOLD: usize = 64;
+
+/// GPT-2's byte -> printable character table used by ByteLevel.
+pub fn byte_level_alphabet() -> [char; 256] {
+    let mut table = ['\0'; 256];
+    let mut extra = 0u32;
+    for b in 0..256u32 {
+        let printable = (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
+        table[b as usize] = if printable {
+            char::from_u32(b).expect("latin-1")
+        } else {
+            extra += 1;
+            char::from_u32(255 + extra).expect("latin extended")
+        };
+    }
+    table
+}
+
+/// Bytes of a byte-level token string, or `None` if it holds a character outside the alphabet.
+pub fn byte_level_decode(token: &str, inverse: &FxHashMap<char, u8>) -> Option<Vec<u8>> {
+    token.chars().map(|c| inverse.get(&c).copied()).collect()
+}
+
+/// Where a piece that is itself a token is looked up before merging, if anywhere.
+enum Whole {
+    Never,
+    /// Tokens of up to 15 bytes by their bytes packed in an integer (most lookups), longer
+    /// ones by their bytes: `ignore_merges` of tokenizer.json (the vocabulary) or tiktoken
+    /// (its ranks).
+    Tokens {
+        short: FxHashMap<u128, u32>,
+        long: FxHashMap<Vec<u8>, u32>,
+    },
+}
+
+/// `bytes` (at most 15) and their length in one integer.
+#[inline(always)]
+fn pack(bytes: &[u8]) -> u128 {
+    let mut buf = [0u8; 16];
+    buf[..bytes.len()].copy_from_slice(bytes);
+    buf[15] = bytes.len() as u8;
+    u128::from_le_bytes(buf)
+}
+
+impl Whole {
+    fn tokens<'a>(it: impl Iterator<Item = (&'a [u8], u32)>) -> Whole {
+        let (mut short, mut long) = (FxHashMap::default(), FxHashMap::default());
+        let it = it.into_iter();
+        short.reserve(it.size_hint().0);
+        for (bytes, id) in it {
+            if bytes.len() < 16 {
+                short.insert(pack(bytes), id);
+            } else {
+                long.insert(bytes.to_vec(), id);
+            }
+        }
+        Whole::Tokens { short, long }
+    }
+
+    #[inline(always)]
+    fn get(&self, piece: &[u8]) -> Option<u32> {
+        match self {
+            Whole::Never => None,
+            Whole::Tokens { short, long } => {
+                if piece.len() < 16 {
+                    short.get(&pack(piece)).copied()
+                } else {
+                    long.get(piece).copied()
+                }
+            }
+        }
+    }
+}
+
+pub struct MergeBpe {
+    byte_ids: [u32; 256],
+    /// (rank, merged id) of each pair of single bytes, `NO_PAIR` if none: the first round
+    /// of every merge without hashing.
+    byte_pairs: Box<[(u32, u32)]>,
+    /// (left id << 32 | right id) -> (rank, merged id).
+    merges: FxHashMap<u64, (u32, u32)>,
+    whole: Whole,
+}
+
+impl MergeBpe {
+    /// From the `model` object of a tokenizer.json, which the caller has checked to be a
+    /// plain byte-level BPE (no dropout, prefixes, suffixes). Errors name what is missing.
+    pub fn from_model(model: &Value) -> std::result::Result<MergeBpe, String> {
+        let vocab = model.get("vocab").and_then(Value::as_object).ok_or("model has no vocab")?;
+        // A hash map: the JSON object is a B-tree, and every merge looks up three tokens.
+        let ids: FxHashMap<&str, u32> =
+            vocab.iter().filter_map(|(tok, id)| Some((tok.as_str(), u32::try_from(id.as_u64()?).ok()?))).collect();
+        let id_of = |tok: &str| ids.get(tok).copied();
+        let alphabet = byte_level_alphabet();
+        // Bytes that never occur in UTF-8 text (C0, C1, F5..FF) may be missing.
+        let mut byte_ids = [u32::MAX; 256];
+        for (b, c) in alphabet.iter().enumerate() {
+            match id_of(&c.to_string()) {
+                Some(id) => byte_ids[b] = id,
+                None if b == 0xC0 || b == 0xC1 || b >= 0xF5 => {}
+                None => return Err(format!("vocabulary lacks the byte-level character of byte {b:#04x}")),
+            }
+        }
+        let list = model.get("merges").and_then(Value::as_array).ok_or("model has no merges")?;
+        let mut merges = FxHashMap::default();
+        merges.reserve(list.len());
+        let mut merged = String::new();
+        for (rank, m) in list.iter().enumerate() {
+            // "a b" (older files) or ["a", "b"].
+            let pair = match m {
+                Value::String(s) => {
+                    let mut parts = s.split(' ');
+                    match (parts.next(), parts.next(), parts.next()) {
+                        (Some(a), Some(b), None) => Some((a, b)),
+                        _ => None,
+                    }
+                }
+                Value::Array(v) if v.len() == 2 => v[0].as_str().zip(v[1].as_str()),
+                _ => None,
+            };
+            let (a, b) = pair.ok_or_else(|| format!("merge {} is not two tokens", rank + 1))?;
+            let missing = |t: &str| format!("merge token {t:?} is not in the vocabulary");
+            let ia = id_of(a).ok_or_else(|| missing(a))?;
+            let ib = id_of(b).ok_or_else(|| missing(b))?;
+            merged.clear();
+            merged.push_str(a);
+            merged.push_str(b);
+            let inew = id_of(&merged).ok_or_else(|| missing(&merged))?;
+            // Later duplicates win, as in `tokenizers` (it collects into a map in order).
+            merges.insert(((ia as u64) << 32) | ib as u64, (rank as u32, inew));
+        }
+        let ignore_merges = model.get("ignore_merges").and_then(Value::as_bool).unwrap_or(false);
+        let whole = if ignore_merges {
+            let inverse: FxHashMap<char, u8> = alphabet.iter().enumerate().map(|(b, &c)| (c, b as u8)).collect();
+            let decoded: Vec<(Vec<u8>, u32)> =
+                vocab.iter().filter_map(|(tok, id)| Some((byte_level_decode(tok, &inverse)?, u32::try_from(id.as_u64()?).ok()?))).collect();
+            Whole::tokens(decoded.iter().map(|(b, id)| (&b[..], *id)))
+        } else {
+            Whole::Never
+        };
+        Ok(MergeBpe::assemble(byte_ids, merges, whole))
+    }
+
+    /// tiktoken's merge for its ranks (see the module comment).
+    pub fn from_tiktoken(bpe: Arc<BytePairEncoder>) -> MergeBpe {
+        let ranks = bpe.ranks();
+        let mut byte_ids = [0u32; 256];
+        for b in 0..=255u8 {
+            byte_ids[b as usize] = ranks.get(&[b][..]).copied().expect("BytePairEncoder checks single bytes");
+        }
+        let whole = Whole::tokens(ranks.iter().map(|(b, &r)| (&b[..], r)));
+        // Every split of every token into two tokens, found on two threads (a tenth of a
+        // second for o200k on one).
+        let tokens: Vec<(&[u8], u32)> = ranks.iter().map(|(b, &r)| (&b[..], r)).collect();
+        let splits = |part: &[(&[u8], u32)]| -> Vec<(u64, u32)> {
+            let mut v = Vec::with_capacity(part.len() * 3);
+            for &(tok, rank) in part {
+                for k in 1..tok.len() {
+                    if let (Some(a), Some(b)) = (whole.get(&tok[..k]), whole.get(&tok[k..])) {
+                        v.push((((a as u64) << 32) | b as u64, rank));
+                    }
+                }
+            }
+            v
+        };
+        let (first, second) = tokens.split_at(tokens.len() / 2);
+        let (x, y) = std::thread::scope(|sc| {
+            let h = sc.spawn(|| splits(second));
+            let x = splits(first);
+            (x, h.join().unwrap_or_else(|_| splits(second)))
+        });
+        let mut merges = FxHashMap::default();
+        merges.reserve(x.len() + y.len());
+        for (pair, rank) in x.into_iter().chain(y) {
+            merges.insert(pair, (rank, rank));
+        }
+        MergeBpe::assemble(byte_ids, merges, whole)
+    }
+
+    fn assemble(byte_ids: [u32; 256], merges: FxHashMap<u64, (u32, u32)>, whole: Whole) -> MergeBpe {
+        let mut byte_pairs = vec![NO_PAIR; 256 * 256].into_boxed_slice();
+        for a in 0..256 {
+            for b in 0..256 {
+                if byte_ids[a] != u32::MAX && byte_ids[b] != u32::MAX {
+                    if let Some(&m) = merges.get(&(((byte_ids[a] as u64) << 32) | byte_ids[b] as u64)) {
+                        byte_pairs[a * 256 + b] = m;
+                    }
+                }
+            }
+        }
+        MergeBpe { byte_ids, byte_pairs, merges, whole }
+    }
+
+    #[inline]
+    fn merge(&self, a: u32, b: u32) -> Option<(u32, u32)> {
+        self.merges.get(&(((a as u64) << 32) | b as u64)).copied()
+    }
+
+    /// Append the ids of one pre-token (raw bytes; the byte-level mapping is implied).
+    pub fn encode_piece(&self, piece: &[u8], out: &mut Vec<u32>) {
+        if piece.is_empty() {
+            return;
+        }
+        if let Some(id) = self.whole.get(piece) {
+            out.push(id);
+            return;
+        }
+        if piece.len() == 1 {
+            out.push(self.byte_ids[piece[0] as usize]);
+        } else if piece.len() <= HEAP_THRESHOLD {
+            self.merge_scan(piece, out);
+        } else {
+            self.merge_heap(piece, out);
+        }
+    }
+
+    /// Short pieces: rescan the pair ranks for the minimum after every merge (on the
+    /// stack: no allocation).
+    fn merge_scan(&self, piece: &[u8], out: &mut Vec<u32>) {
+        const NONE: (u32, u32) = (u32::MAX, u32::MAX);
+        let mut syms = [0u32; HEAP_THRESHOLD];
+        // pairs[i]: (rank, merged id) of (syms[i], syms[i + 1]).
+        let mut pairs = [NONE; HEAP_THRESHOLD];
+        debug_assert!(piece.len() <= HEAP_THRESHOLD);
+        let mut n = piece.len();
+        for (s, &b) in syms.iter_mut().zip(piece) {
+            *s = self.byte_ids[b as usize];
+        }
+        for i in 0..n - 1 {
+            pairs[i] = self.byte_pairs[(piece[i] as usize) << 8 | piece[i + 1] as usize];
+        }
+        while n > 1 {
+            let mut best = (u32::MAX, 0);
+            for (i, &(r, _)) in pairs[..n - 1].iter().enumerate() {
+                if r < best.0 {
+                    best = (r, i);
+                }
+            }
+            if best.0 == u32::MAX {
+                break;
+            }
+            let i = best.1;
+            syms[i] = pairs[i].1;
+            // Shift left by hand: short, and a memmove call would cost more.
+            for k in i + 1..n - 1 {
+                syms[k] = syms[k + 1];
+                pairs[k - 1] = pairs[k];
+            }
+            n -= 1;
+            if i > 0 {
+                pairs[i - 1] = self.merge(syms[i - 1], syms[i]).unwrap_or(NONE);
+            }
+            if i + 1 < n {
+                pairs[i] = self.merge(syms[i], syms[i + 1]).unwrap_or(NONE);
+            }
+        }
+        out.extend_from_slice(&syms[..n]);
+    }
+
+    /// Long pieces: a heap of `rank << 32 | position` (lowest rank, then leftmost), O(n log n).
+    /// A popped entry is stale unless the pair now starting at its position still has its
+    /// rank: the pair at a position only changes when one of its symbols grows, and a rank
+    /// belongs to one pair, so an unchanged rank means an unchanged pair.
+    fn merge_heap(&self, piece: &[u8], out: &mut Vec<u32>) {
+        let n = piece.len();
+        const NONE: u32 = u32::MAX;
+        let mut sym: Vec<u32> = piece.iter().map(|&b| self.byte_ids[b as usize]).collect();
+        let mut next: Vec<u32> = (1..=n as u32).collect();
+        let mut prev: Vec<u32> = (0..n as u32).map(|i| i.wrapping_sub(1)).collect();
+        // Rank and merged id of the pair starting at each symbol.
+        let mut pair: Vec<(u32, u32)> = vec![(NONE, 0); n];
+        let mut initial = Vec::with_capacity(n);
+        for i in 0..n - 1 {
+            let (r, new) = self.byte_pairs[(piece[i] as usize) << 8 | piece[i + 1] as usize];
+            if r != NONE {
+                pair[i] = (r, new);
+                initial.push(Reverse(((r as u64) << 32) | i as u64));
+            }
+        }
+        let mut heap = BinaryHeap::from(initial);
+        let set_pair = |heap: &mut BinaryHeap<Reverse<u64>>, pair: &mut [(u32, u32)], p: usize, a: u32, b: u32| {
+            pair[p] = match self.merge(a, b) {
+                Some((r, new)) => {
+                    heap.push(Reverse(((r as u64) << 32) | p as u64));
+                    (r, new)
+                }
+                None => (NONE, 0),
+            };
+        };
+        while let Some(Reverse(key)) = heap.pop() {
+            let (r, p) = ((key >> 32) as u32, (key & 0xFFFF_FFFF) as usize);
+            if pair[p].0 != r {
+                continue;
+            }
+            // Merge the symbol at p with its right neighbour q.
+            let q = next[p] as usize;
+            sym[p] = pair[p].1;
+            next[p] = next[q];
+            pair[q] = (NONE, 0);
+            let after = next[p] as usize;
+            if after < n {
+                prev[after] = p as u32;
+                set_pair(&mut heap, &mut pair, p, sym[p], sym[after]);
+            } else {
+                pair[p] = (NONE, 0);
+            }
+            let l = prev[p];
+            if l != NONE {
+                set_pair(&mut heap, &mut pair, l as usize, sym[l as usize], sym[p]);
+            }
+        }
+        let mut p = 0;
+        while p < n {
+            out.push(sym[p]);
+            p = next[p] as usize;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn toy(merges: &[(&str, &str)]) -> MergeBpe {
+        let alphabet = byte_level_alphabet();
+        let mut vocab = serde_json::Map::new();
+        for c in alphabet {
+            let id = vocab.len();
+            vocab.insert(c.to_string(), id.into());
+        }
+        for (a, b) in merges {
+            let id = vocab.len();
+            vocab.entry(format!("{a}{b}")).or_insert(id.into());
+        }
+        let list: Vec<Value> = merges.iter().map(|(a, b)| Value::String(format!("{a} {b}"))).collect();
+        MergeBpe::from_model(&serde_json::json!({"vocab": vocab, "merges": list})).unwrap()
+    }
+
+    /// `len` letters of "abc", pseudo-random from `seed`.
+    fn random_abc(seed: &mut u64, len: usize) -> Vec<u8> {
+        (0..len)
+            .map(|_| {
+                *seed = crate::hash::mix64(*seed + 1);
+                b"abc"[(*seed % 3) as usize]
+            })
+            .collect()
+    }
+
+    #[test]
+    fn heap_and_scan_agree() {
+        // Overlapping merges with competing ranks, and two pairs giving the same string.
+        let bpe = toy(&[("a", "b"), ("b", "c"), ("ab", "c"), ("a", "bc"), ("a", "a"), ("aa", "aa"), ("c", "a"), ("ca", "b")]);
+        let mut seed = 3u64;
+        for len in 2..=HEAP_THRESHOLD {
+            let piece = random_abc(&mut seed, len);
+            let (mut x, mut y) = (vec![], vec![]);
+            bpe.merge_scan(&piece, &mut x);
+            bpe.merge_heap(&piece, &mut y);
+            assert_eq!(x, y, "{}", String::from_utf8_lossy(&piece));
+        }
+    }
+
+    /// The tiktoken form gives the reference merge of `bpe.rs`.
+    #[test]
+    fn tiktoken_pairs_equal_byte_ranks() {
+        let mut ranks = crate::tokenize::bpe::Ranks::default();
+        for b in 0..=255u8 {
+            ranks.insert(vec![b], b as u32);
+        }
+        for (i, t) in ["ab", "bc", "abc", "aa", "aaaa", "ca", "bcab", "cab", "abca"].iter().enumerate() {
+            ranks.insert(t.as_bytes().to_vec(), 256 + i as u32);
+        }
+        let reference = Arc::new(BytePairEncoder::new(ranks).unwrap());
+        let bpe = MergeBpe::from_tiktoken(reference.clone());
+        let mut seed = 5u64;
+        for len in 1..300 {
+            let piece = random_abc(&mut seed, len);
+            let (mut x, mut y) = (vec![], vec![]);
+            bpe.encode_piece(&piece, &mut x);
+            reference.encode_piece(&piece, &mut y);
+            assert_eq!(x, y, "{}", String::from_utf8_lossy(&piece));
+        }
+    }
+
+    #[test]
+    fn lowest_rank_then_leftmost() {
+        let bpe = toy(&[("a", "a"), ("b", "c")]);
+        let mut out = vec![];
+        bpe.encode_piece(b"aaabc", &mut out);
+        // aa | a | bc: "aa" merges at the left first.
+        let ids: Vec<u32> = out;
+        assert_eq!(ids.len(), 3);
+        assert_eq!(ids[1], bpe.byte_ids[b'a' as usize]);
+    }
+}

@@ -1,0 +1,202 @@
+//! Per-thread memo of pre-token bytes -> ids. Natural text repeats its pre-tokens (words
+//! with their leading space) so often that most are merged once per thread and then
+//! copied: on 4.5 MB of the benchmark corpus, 1.2 M pre-tokens are 57 k distinct ones, 93 %
+//! of them are at most 8 bytes and 99.5 % at most 16.
+//!
+//! Pieces of up to 16 bytes with up to 3 ids (nearly all) need no allocation: they live
+//! inline in 32-byte slots (the key read straight from the text as two words), two slots
+//! per 64-byte set, the more recent first (a direct-mapped table missed 7 % of pieces on
+//! text it had just seen, from collisions). Other pieces (longer, or with more ids) go to
+//! a hash map bounded in bytes, emptied when full.
+//!
+//! A set is one aligned cache line, so a lookup costs one line from memory. Tried and
+//! dropped, as no faster on the 100 MB subset: prefetching the next piece's set (12 % more
+//! CPU time), a 128 KiB table of the most recent pieces in front of this one, and
+//! transparent huge pages for the table (madvise; no difference within the noise).
+
+use rustc_hash::FxHashMap;
+
+const KEY_BYTES: usize = 16;
+const SLOT_IDS: usize = 3;
+/// Pieces up to this long go to the map; longer ones are never cached.
+const LONG_MAX: usize = 1024;
+const LONG_BUDGET: usize = 4 << 20;
+
+#[derive(Clone, Copy)]
+#[repr(C, align(32))]
+struct Slot {
+    key: [u64; 2],
+    len: u8,
+    n: u8,
+    ids: [u32; SLOT_IDS],
+}
+
+/// Two slots, the more recent first, in one cache line.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Set([Slot; 2]);
+
+const EMPTY: Slot = Slot { key: [0; 2], len: 0, n: 0, ids: [0; SLOT_IDS] };
+
+pub struct PieceCache {
+    sets: Vec<Set>,
+    mask: usize,
+    long: FxHashMap<Box<[u8]>, Box<[u32]>>,
+    long_bytes: usize,
+}
+
+#[inline(always)]
+fn load(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+/// Masks keeping the first `n` bytes of two little-endian words, for n = 0..=16.
+const MASKS: [[u64; 2]; 17] = {
+    let mut m = [[0u64; 2]; 17];
+    let mut n = 0;
+    while n <= 16 {
+        let lo = if n >= 8 { u64::MAX } else { (1u64 << (8 * n)) - 1 };
+        let hi = if n >= 16 {
+            u64::MAX
+        } else if n <= 8 {
+            0
+        } else {
+            (1u64 << (8 * (n - 8))) - 1
+        };
+        m[n] = [lo, hi];
+        n += 1;
+    }
+    m
+};
+
+/// `text[start..end]` (at most 16 bytes) as two little-endian words, zero-padded.
+#[inline(always)]
+fn key_words(text: &[u8], start: usize, end: usize) -> [u64; 2] {
+    let len = end - start;
+    if start + KEY_BYTES <= text.len() {
+        let m = MASKS[len];
+        [load(text, start) & m[0], load(text, start + 8) & m[1]]
+    } else {
+        let mut buf = [0u8; KEY_BYTES];
+        buf[..len].copy_from_slice(&text[start..end]);
+        [load(&buf, 0), load(&buf, 8)]
+    }
+}
+
+#[inline(always)]
+fn hash(key: &[u64; 2]) -> u64 {
+    const K: u64 = 0x9E37_79B9_7F4A_7C15;
+    let h = (key[0] ^ key[1].rotate_left(31)).wrapping_mul(K);
+    h ^ (h >> 29)
+}
+
+impl PieceCache {
+    /// A cache of `1 << bits` slots (32 bytes each), in sets of two.
+    pub fn new(bits: u32) -> Self {
+        PieceCache { sets: vec![Set([EMPTY; 2]); 1 << (bits - 1)], mask: (1 << (bits - 1)) - 1, long: FxHashMap::default(), long_bytes: 0 }
+    }
+
+    /// Append the ids of the piece `text[start..end]` to `out`: from the cache, or computed
+    /// by `encode` (which must append them to `out`) and remembered.
+    #[inline(always)]
+    pub fn encode(&mut self, text: &[u8], start: usize, end: usize, out: &mut Vec<u32>, encode: impl FnOnce(&[u8], &mut Vec<u32>)) {
+        let len = end - start;
+        if len > KEY_BYTES {
+            return self.encode_long(&text[start..end], out, encode);
+        }
+        let key = key_words(text, start, end);
+        let si = hash(&key) as usize & self.mask;
+        let set = &mut self.sets[si].0;
+        // Keys are zero-padded, so the length must match too ("a" vs "a\0").
+        let hit = |s: &Slot| s.key == key && s.len as usize == len;
+        let found = if hit(&set[0]) {
+            Some(set[0])
+        } else if hit(&set[1]) {
+            // Move to the front of its set.
+            set.swap(0, 1);
+            Some(set[0])
+        } else {
+            None
+        };
+        if let Some(slot) = found {
+            // Copy all three (a fixed-size copy, no memcpy call), keep n.
+            let keep = out.len() + slot.n as usize;
+            out.extend_from_slice(&slot.ids);
+            out.truncate(keep);
+            return;
+        }
+        let begin = out.len();
+        let piece = &text[start..end];
+        if let Some(ids) = self.long.get(piece) {
+            out.extend_from_slice(ids);
+            return;
+        }
+        encode(piece, out);
+        let n = out.len() - begin;
+        if n <= SLOT_IDS {
+            let mut ids = [0; SLOT_IDS];
+            ids[..n].copy_from_slice(&out[begin..]);
+            // The older of the two goes.
+            let set = &mut self.sets[si].0;
+            set[1] = set[0];
+            set[0] = Slot { key, len: len as u8, n: n as u8, ids };
+        } else {
+            self.remember_long(piece, &out[begin..]);
+        }
+    }
+
+    #[cold]
+    fn encode_long(&mut self, piece: &[u8], out: &mut Vec<u32>, encode: impl FnOnce(&[u8], &mut Vec<u32>)) {
+        if let Some(ids) = self.long.get(piece) {
+            out.extend_from_slice(ids);
+            return;
+        }
+        let begin = out.len();
+        encode(piece, out);
+        self.remember_long(piece, &out[begin..]);
+    }
+
+    fn remember_long(&mut self, piece: &[u8], ids: &[u32]) {
+        if piece.len() > LONG_MAX {
+            return;
+        }
+        let cost = piece.len() + 4 * ids.len() + 64;
+        if self.long_bytes + cost > LONG_BUDGET {
+            self.long.clear();
+            self.long_bytes = 0;
+        }
+        self.long.insert(piece.into(), ids.into());
+        self.long_bytes += cost;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hits_equal_misses_and_collisions_overwrite() {
+        let mut c = PieceCache::new(2); // 4 slots: collisions guaranteed
+        let enc = |p: &[u8], out: &mut Vec<u32>| out.extend(p.iter().map(|&b| b as u32 * 3));
+        let text: Vec<u8> = (0..3000u32).map(|i| (i * 7 % 251) as u8).collect();
+        for round in 0..3 {
+            for i in 0..400usize {
+                // Pieces of every length, some touching the end of the text.
+                let start = (i * 37) % text.len();
+                let end = (start + i % 40 + 1).min(text.len());
+                let mut got = vec![9];
+                c.encode(&text, start, end, &mut got, enc);
+                let mut want = vec![9];
+                enc(&text[start..end], &mut want);
+                assert_eq!(got, want, "round {round} piece {start}..{end}");
+            }
+        }
+        // Same bytes, different lengths (zero padding must not alias).
+        let t = b"a\0";
+        let mut a = vec![];
+        c.encode(t, 0, 1, &mut a, enc);
+        let mut b = vec![];
+        c.encode(t, 0, 2, &mut b, enc);
+        assert_eq!(b, vec![97 * 3, 0]);
+    }
+}

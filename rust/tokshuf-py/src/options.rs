@@ -1,0 +1,119 @@
+//! `BuildOptions` from the keyword arguments of `tokshuf.build_cache`. Conversion only: what a
+//! value must be is checked once, in the core (`BuildOptions::validate`, the recipe).
+
+use std::path::PathBuf;
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use tokshuf_core::build::BuildOptions;
+use tokshuf_core::tokenize::Backend;
+use tokshuf_core::Error;
+
+use crate::to_pyerr;
+
+/// `key`'s value converted to `T`, None when absent or None; a value of the wrong type or range
+/// is a `ConfigError` naming the option.
+fn get<T>(d: &Bound<'_, PyDict>, key: &str, what: &str) -> PyResult<Option<T>>
+where
+    T: for<'a, 'py> FromPyObject<'a, 'py>,
+{
+    let Some(v) = d.get_item(key)? else { return Ok(None) };
+    if v.is_none() {
+        return Ok(None);
+    }
+    v.extract::<T>().map(Some).map_err(|_| {
+        let shown = v.repr().map_or_else(|_| "?".to_string(), |r| r.to_string());
+        to_pyerr(Error::Config(format!("{key} must be {what}, not {shown}")))
+    })
+}
+
+fn choice<T: std::str::FromStr<Err = Error>>(d: &Bound<'_, PyDict>, key: &str) -> PyResult<Option<T>> {
+    get::<String>(d, key, "a string")?.map(|s| s.parse::<T>().map_err(to_pyerr)).transpose()
+}
+
+pub fn build_options(d: Option<&Bound<'_, PyDict>>) -> PyResult<BuildOptions> {
+    let Some(d) = d else { return Err(to_pyerr(Error::Config("no options given".into()))) };
+    let inputs: Vec<PathBuf> = get(d, "inputs", "a list of paths")?.unwrap_or_default();
+    let output: PathBuf = get(d, "output", "a path")?.ok_or_else(|| to_pyerr(Error::Config("output is required".into())))?;
+    let mut o = BuildOptions::new(inputs, output);
+    let uint = "a positive integer";
+    if let Some(v) = get(d, "tokenizer", "a string")? {
+        o.tokenizer = v;
+    }
+    if let Some(v) = get(d, "seqlen", uint)? {
+        o.seqlen = v;
+    }
+    if let Some(v) = get(d, "chunk_size", uint)? {
+        o.chunk_size = v;
+    }
+    o.num_local_cells = get::<u64>(d, "num_local_cells", uint)?;
+    o.local_cell_dir = get(d, "local_cell_dir", "a path")?;
+    if let Some(v) = get(d, "seed", "an integer in [0, 2**64)")? {
+        o.seed = v;
+    }
+    o.threads = get(d, "threads", uint)?;
+    if let Some(v) = get(d, "text_key", "a string")? {
+        o.text_key = v;
+    }
+    if let Some(v) = choice(d, "format")? {
+        o.format = v;
+    }
+    if let Some(v) = choice(d, "tail")? {
+        o.tail = v;
+    }
+    o.eot_id = get(d, "eot_id", "a token id")?;
+    o.pad_id = get(d, "pad_id", "a token id")?;
+    o.bos_id = get(d, "bos_id", "a token id")?;
+    for (key, field) in [
+        ("bos", &mut o.bos),
+        ("allow_special_tokens", &mut o.allow_special_tokens),
+        ("shuffle", &mut o.shuffle),
+        ("progress", &mut o.progress),
+        ("overwrite", &mut o.overwrite),
+    ] {
+        if let Some(v) = get(d, key, "True or False")? {
+            *field = v;
+        }
+    }
+    if let Some(v) = get::<String>(d, "tokenizer_backend", "a string")? {
+        o.tokenizer_backend = Backend::parse(&v).map_err(to_pyerr)?;
+    }
+    o.memory_limit = get(d, "memory_limit", "a number of bytes")?;
+    if let Some(v) = choice(d, "errors")? {
+        o.errors = v;
+    }
+    for key in d.keys() {
+        let key: String = key.extract()?;
+        if !KNOWN.contains(&key.as_str()) {
+            return Err(to_pyerr(Error::Config(format!("unknown build option {key:?}"))));
+        }
+    }
+    Ok(o)
+}
+
+const KNOWN: [&str; 23] = [
+    "inputs",
+    "output",
+    "tokenizer",
+    "seqlen",
+    "chunk_size",
+    "num_local_cells",
+    "local_cell_dir",
+    "seed",
+    "threads",
+    "text_key",
+    "format",
+    "tail",
+    "eot_id",
+    "pad_id",
+    "bos",
+    "bos_id",
+    "allow_special_tokens",
+    "shuffle",
+    "memory_limit",
+    "errors",
+    "progress",
+    "overwrite",
+    "tokenizer_backend",
+];
