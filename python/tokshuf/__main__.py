@@ -115,6 +115,18 @@ def _add_build(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     p.add_argument(
+        "--engine",
+        choices=["local", "ray"],
+        default="local",
+        help="run on this machine (default) or as tasks on a Ray cluster (docs/distributed.md)",
+    )
+    p.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDR",
+        help="with --engine ray: the cluster to join (default auto: the running one, else a local one)",
+    )
+    p.add_argument(
         "--overwrite", action="store_true", help="discard an existing build in the output folder and start over"
     )
     p.set_defaults(func=_cmd_build)
@@ -149,6 +161,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
         tokenizer_backend=args.tokenizer_backend,
         packing=args.packing,
         pack_window=args.pack_window,
+        engine=args.engine,
+        ray_address=args.ray_address,
     )
     print(stats.summary())
     return 0

@@ -11,6 +11,7 @@ from typing import Any, Dict, Iterable, Optional, Union
 from . import _core
 from ._inputs import PathLike, expand_inputs
 from ._remote import build_to_url, is_url
+from .exceptions import ConfigError
 
 DEFAULT_TOKENIZER = "tiktoken:r50k_base"
 
@@ -88,6 +89,8 @@ def build_cache(
     tokenizer_backend: str = "auto",
     packing: str = "concat",
     pack_window: Optional[int] = None,
+    engine: str = "local",
+    ray_address: Optional[str] = None,
 ) -> BuildStats:
     """Tokenize jsonl corpora into a shuffled WebDataset cache (see README and docs/format.md).
 
@@ -105,6 +108,11 @@ def build_cache(
     windows of ``pack_window`` documents, default 1024; only documents longer than ``seqlen``
     are split; ``tail`` does not apply). ``output`` may be an object-store URL
     (``s3://BUCKET/PREFIX``...; docs/storage.md).
+
+    ``engine="ray"`` runs the build as tasks on a Ray cluster (``pip install "tokshuf[ray]"``;
+    docs/distributed.md): ``ray_address`` ``"auto"`` (default) joins the running cluster, else
+    starts a local one; ``threads`` is then the CPUs (and threads) of each task. The cache is
+    byte-identical to ``engine="local"``'s but for tokshuf.json's ``build``.
     """
     stats = run_build(**locals())
     if progress and sys.stderr.isatty():
@@ -118,9 +126,24 @@ def run_build(inputs: Union[PathLike, Iterable[PathLike]], output: PathLike, **o
     if is_url(output):
         local, overwrite = options.pop("local_cell_dir", None), options.pop("overwrite", False)
         return build_to_url(run_build, inputs, output, local, overwrite, **options)
+    engine, ray_address = options.pop("engine", "local"), options.pop("ray_address", None)
+    if engine not in ("local", "ray"):
+        raise ConfigError(f"engine must be 'local' or 'ray', not {engine!r}")
+    if ray_address is not None and engine != "ray":
+        raise ConfigError("ray_address is an option of engine='ray'")
     local = options.get("local_cell_dir")
-    options["local_cell_dir"] = None if local is None else os.fspath(local)
-    meta = json.loads(_core.build_cache(inputs=expand_inputs(inputs), output=os.fspath(output), **options))
+    options.update(
+        inputs=expand_inputs(inputs),
+        output=os.fspath(output),
+        local_cell_dir=None if local is None else os.fspath(local),
+    )
+    if engine == "ray":
+        from . import _ray
+
+        ray_opts = _ray.RayOptions(address=ray_address or "auto", cpus_per_task=options.get("threads"))
+        meta = _ray.build(options, ray_opts, options.get("progress", True))
+    else:
+        meta = json.loads(_core.build_cache(**options))
     return BuildStats(
         output=os.fspath(output),
         num_chunks=meta["num_chunks"],

@@ -9,6 +9,7 @@ mod inputs;
 mod options;
 mod reader;
 mod status;
+mod steps;
 mod storage;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -139,5 +140,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     inputs::register(m)?;
     fasttok::register(m)?;
     storage::register(m)?;
+    steps::register(m)?;
     Ok(())
 }

@@ -12,6 +12,7 @@
 //! only count), and tokshuf.json says how far the build is (`format::Status`).
 
 pub mod cells;
+pub mod driver;
 pub mod input;
 mod manifest;
 mod options;
@@ -207,6 +208,7 @@ fn build_shuffled(run: &mut Run<'_>, manifest: &mut Manifest) -> Result<(ChunkPl
 fn build_info(threads: usize, timings: &BTreeMap<&str, f64>, t0: Instant) -> Value {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string();
     json!({
+        "engine": "local",
         "threads": threads,
         "host": host,
         "durations": timings,

@@ -1,0 +1,123 @@
+//! `BuildSteps`: the build's steps one call at a time (`tokshuf_core::build::driver`), for the
+//! Ray engine. Heavy steps run with the GIL released; results cross as JSON strings (small:
+//! summaries, manifest lines). Conversion only.
+
+use std::sync::{Arc, Mutex};
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use tokshuf_core::build::driver::{Begun, Driver, Steps};
+use tokshuf_core::format::ManifestLine;
+use tokshuf_core::Error;
+
+use crate::{options, run_detached, to_pyerr};
+
+#[pyclass(module = "tokshuf._core")]
+struct BuildSteps {
+    inner: Arc<Steps>,
+    driver: Mutex<Option<Driver>>,
+}
+
+fn json_arg(text: &str) -> PyResult<serde_json::Value> {
+    serde_json::from_str(text).map_err(|e| to_pyerr(Error::Config(format!("bad JSON argument: {e}"))))
+}
+
+fn no_driver() -> PyErr {
+    to_pyerr(Error::Config("internal error: build steps used before begin() (please report)".into()))
+}
+
+#[pymethods]
+impl BuildSteps {
+    /// The options of `build_cache`, as keyword arguments; loads the tokenizer (once per
+    /// process) and sizes the inputs, nothing else.
+    #[new]
+    #[pyo3(signature = (**options))]
+    fn new(py: Python<'_>, options: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        let opts = options::build_options(options)?;
+        let inner = run_detached(py, move |_| Steps::open(opts))?;
+        Ok(BuildSteps { inner: Arc::new(inner), driver: Mutex::new(None) })
+    }
+
+    #[getter]
+    fn work(&self) -> String {
+        self.inner.work().to_string_lossy().into_owned()
+    }
+    fn input_sizes(&self) -> Vec<u64> {
+        self.inner.input_sizes()
+    }
+    fn files_done(&self) -> Vec<usize> {
+        self.inner.files_done()
+    }
+
+    /// Driver: lock, start or resume. Returns tokshuf.json if the cache is already complete,
+    /// else None (then `listed` says how many chunks a killed run finished).
+    fn begin(&self, py: Python<'_>, build: &str) -> PyResult<Option<String>> {
+        let build = json_arg(build)?;
+        let steps = self.inner.clone();
+        match run_detached(py, move |_| steps.begin(&build))? {
+            Begun::Complete(meta) => Ok(Some(String::from_utf8_lossy(&meta.to_bytes()).into_owned())),
+            Begun::Started(driver) => {
+                *self.driver.lock().map_err(|_| no_driver())? = Some(driver);
+                Ok(None)
+            }
+        }
+    }
+    #[getter]
+    fn listed(&self) -> PyResult<u64> {
+        let guard = self.driver.lock().map_err(|_| no_driver())?;
+        guard.as_ref().map(|d| d.listed).ok_or_else(no_driver)
+    }
+
+    /// Stage 1 of `files` on `threads` threads; their summaries as JSON strings.
+    fn stage1(&self, py: Python<'_>, files: Vec<usize>, threads: usize) -> PyResult<Vec<String>> {
+        let steps = self.inner.clone();
+        let summaries = run_detached(py, move |cancel| steps.stage1(&files, threads, &cancel))?;
+        Ok(summaries.iter().map(|s| serde_json::to_string(s).unwrap_or_default()).collect())
+    }
+
+    /// Driver: stitch, plan the chunks, publish the plan. Returns the number of chunks.
+    fn plan_chunks(&self, py: Python<'_>, threads: usize, build: &str) -> PyResult<u64> {
+        let build = json_arg(build)?;
+        let steps = self.inner.clone();
+        run_detached(py, move |_| steps.plan_chunks(threads, &build))
+    }
+
+    /// Write chunks `first..last`; their manifest lines as JSON strings.
+    fn stage2(&self, py: Python<'_>, first: u64, last: u64, threads: usize) -> PyResult<Vec<String>> {
+        let steps = self.inner.clone();
+        let lines = run_detached(py, move |cancel| steps.stage2(first..last, threads, &cancel))?;
+        Ok(lines.iter().map(|l| serde_json::to_string(l).unwrap_or_default()).collect())
+    }
+
+    /// Driver: list chunks `first, first+1, ...` in the manifest.
+    fn add_lines(&self, first: u64, lines: Vec<String>) -> PyResult<()> {
+        let lines: Vec<ManifestLine> = lines
+            .iter()
+            .map(|l| serde_json::from_str(l).map_err(|e| to_pyerr(Error::Config(format!("bad manifest line: {e}")))))
+            .collect::<PyResult<_>>()?;
+        let mut guard = self.driver.lock().map_err(|_| no_driver())?;
+        let driver = guard.as_mut().ok_or_else(no_driver)?;
+        self.inner.add_lines(driver, first, lines).map_err(to_pyerr)
+    }
+
+    /// Driver: final manifest and tokshuf.json (with `build`); returns tokshuf.json.
+    fn finish(&self, py: Python<'_>, build: &str) -> PyResult<String> {
+        let build = json_arg(build)?;
+        let driver = self.driver.lock().map_err(|_| no_driver())?.take().ok_or_else(no_driver)?;
+        let steps = self.inner.clone();
+        let meta = run_detached(py, move |_| steps.finish(driver, &build))?;
+        Ok(String::from_utf8_lossy(&meta.to_bytes()).into_owned())
+    }
+
+    /// Driver: give up after an error; releases the build lock, the work stays for a resume.
+    fn release(&self) {
+        if let Ok(mut guard) = self.driver.lock() {
+            guard.take();
+        }
+    }
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<BuildSteps>()
+}

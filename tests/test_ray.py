@@ -1,0 +1,419 @@
+"""engine="ray" on a real local cluster: a head and two worker nodes of 1 CPU each, on loopback."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import pytest
+import tokshuf
+from support.ray_cluster import ENV, LOOPBACK, LocalCluster, local_cluster
+from tokshuf import _ray
+from tokshuf.exceptions import ConfigError, InputError
+
+ray = pytest.importorskip("ray")
+# Task functions defined here travel by value: worker processes cannot import this test module.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+# Starting and stopping Ray's node processes occasionally leaves an object of Ray's to the
+# garbage collector (seen once in about ten runs, at cluster start, as an unraisable-exception
+# warning); with filterwarnings=error that would fail a test over Ray's housekeeping.
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    with local_cluster(workers=2) as c:
+        yield c
+
+
+def _where(i: int, _fault: bool = False) -> str:
+    import time
+
+    time.sleep(0.3)  # long enough that one node cannot take every task
+    return ray.get_runtime_context().get_node_id()
+
+
+def _flaky(i: int, _fault: bool = False) -> int:
+    if _fault:
+        raise OSError(f"injected failure in task {i}")
+    return i * i
+
+
+def _bad_input(i: int, _fault: bool = False) -> int:
+    if i == 2:
+        raise InputError(f"in{i}.jsonl:7: invalid JSON")
+    return i
+
+
+@pytest.mark.slow
+def test_cluster_is_multi_node_on_loopback(cluster: LocalCluster, record_property) -> None:
+    record_property("cluster_start_s", round(cluster.start_s, 2))
+    nodes = cluster.alive_nodes()
+    assert len(nodes) == 3
+    assert {n["NodeManagerAddress"] for n in nodes} == {LOOPBACK}
+    assert all(n["Resources"]["CPU"] == 1 for n in nodes)
+    assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == ENV["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"]
+    session = _ray.connect("auto")  # the driver already connected: reused, not owned
+    assert not session.owned and len(session.nodes) == 3 and session.cpus == 3
+    tasks = [_ray.Task(_ray.task_name("probe", i, 6, f"task {i}"), _where, (i,), 1) for i in range(6)]
+    done = []
+    out = _ray.run_stage(session, "probe", tasks, _ray.Progress(False), lambda i, r: done.append(i))
+    assert sorted(done) == list(range(6))
+    assert len(set(out.results)) >= 2, "tasks ran on one node only"
+
+
+@pytest.mark.slow
+def test_failed_task_is_retried(cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(_ray.FAULT_ENV, "flaky:1")
+    session = _ray.connect("auto")
+    tasks = [_ray.Task(f"flaky {i}", _flaky, (i,), 1) for i in range(3)]
+    out = _ray.run_stage(session, "flaky", tasks, _ray.Progress(False), lambda i, r: None)
+    assert out.results == [0, 1, 4]
+    assert out.retries == 1
+
+
+@pytest.mark.slow
+def test_input_error_is_raised_with_its_type_not_retried(cluster: LocalCluster) -> None:
+    session = _ray.connect("auto")
+    tasks = [_ray.Task(f"bad {i}", _bad_input, (i,), 1) for i in range(4)]
+    with pytest.raises(InputError, match=r"^in2\.jsonl:7: invalid JSON$"):
+        _ray.run_stage(session, "bad", tasks, _ray.Progress(False), lambda i, r: None)
+
+
+@pytest.mark.slow
+def test_preflight_names_the_path_a_node_cannot_see(cluster: LocalCluster, tmp_path: Path) -> None:
+    session = _ray.connect("auto")
+    _ray.preflight(session, [str(tmp_path)], cpus=1)
+    missing = tmp_path / "not-shared"
+    with pytest.raises(ConfigError, match=r"not-shared.*storage every node sees"):
+        _ray.preflight(session, [str(tmp_path), str(missing)], cpus=1)
+    with pytest.raises(ConfigError, match="no Ray node has 2 CPUs"):
+        _ray.preflight(session, [str(tmp_path)], cpus=2)
+
+
+def test_group_files_fills_groups_in_order() -> None:
+    assert _ray.group_files([], 10) == []
+    assert _ray.group_files([3, 3, 3, 3, 3], 6) == [[0, 1], [2, 3], [4]]
+    assert _ray.group_files([50, 1, 1, 20, 1], 10) == [[0], [1, 2, 3], [4]]
+    groups = _ray.group_files([7] * 100, 64)
+    assert [i for g in groups for i in g] == list(range(100))
+
+
+def test_group_chunks_covers_every_chunk_once() -> None:
+    assert _ray.group_chunks(0, 4) == []
+    assert _ray.group_chunks(10, 4) == [(0, 4), (4, 8), (8, 10)]
+    assert _ray.group_chunks(3, 0) == [(0, 1), (1, 2), (2, 3)]
+
+
+def test_default_sizes() -> None:
+    assert _ray.default_task_bytes(10, 4) == 3  # small builds: one task per slot
+    assert _ray.default_task_bytes(1 << 30, 4) == _ray.MIN_TASK_BYTES
+    assert _ray.default_task_bytes(10 << 40, 2048) == _ray.MAX_TASK_BYTES
+    assert _ray.default_chunks_per_task(1000, 10) == 25
+    assert _ray.default_cpus_per_task([{"Resources": {"CPU": 32.0}}, {"Resources": {"CPU": 4.0}}]) == 4
+
+
+def test_missing_ray_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    with pytest.raises(ConfigError, match=r'pip install "tokshuf\[ray\]"'):
+        _ray.import_ray()
+    assert issubclass(ConfigError, tokshuf.TokshufError)
+
+
+def test_engine_ray_without_ray_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(ConfigError, match=r'pip install "tokshuf\[ray\]"'):
+        tokshuf.build_cache(SAMPLE, tmp_path / "c", engine="ray", progress=False)
+    with pytest.raises(ConfigError, match="engine must be"):
+        tokshuf.build_cache(SAMPLE, tmp_path / "c", engine="spark", progress=False)
+    with pytest.raises(ConfigError, match="ray_address"):
+        tokshuf.build_cache(SAMPLE, tmp_path / "c", ray_address="auto", progress=False)
+    assert not (tmp_path / "c").exists()
+
+
+def test_progress_line_per_stage(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    err = Tty()
+    monkeypatch.setattr(sys, "stderr", err)
+    bar = _ray.Progress(True)
+    bar.start("tokenize", 4)
+    bar.advance(4, 8_000_000, 2_000_000)
+    bar.end()
+    bar.start("write", 2)
+    bar.end()
+    lines = err.getvalue().split("\n")
+    assert lines[0].startswith("\rtokenize: 0/4") and "\rtokenize: 4/4 | " in lines[0] and "Mtok/s" in lines[0]
+    assert lines[1].startswith("\rwrite: 0/2") and lines[2] == ""
+    quiet = _ray.Progress(False)
+    quiet.start("tokenize", 1)
+    quiet.end()
+    assert err.getvalue().count("\n") == 2
+
+
+def test_core_package_never_imports_ray(tmp_path: Path) -> None:
+    data = Path(__file__).parent / "data" / "sample" / "kjv.jsonl"
+    code = (
+        "import sys, tokshuf\n"
+        f"tokshuf.build_cache({str(data)!r}, {str(tmp_path / 'c')!r}, progress=False, seqlen=64, chunk_size=64)\n"
+        "assert 'ray' not in sys.modules, 'ray imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+# --- builds on the cluster: the same bytes as one machine --------------------------------------
+
+SAMPLE = Path(__file__).parent / "data" / "sample"
+NEOX = str(Path(__file__).parent / "data" / "gpt-neox-20b.json")
+CL100K = "tiktoken:cl100k_base"
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> List[Path]:
+    """Seven small input files (one gzip, one holding a single short document) cut from the
+    sample corpus: enough files and chunks for several tasks per stage."""
+    root = tmp_path_factory.mktemp("corpus")
+    lines = (SAMPLE / "kjv.jsonl").read_text().splitlines(keepends=True)
+    lines += (SAMPLE / "wordnet.jsonl").read_text().splitlines(keepends=True)
+    files = []
+    for k in range(6):
+        part = "".join(lines[k::6]).encode()
+        path = root / (f"part{k}.jsonl.gz" if k == 2 else f"part{k}.jsonl")
+        path.write_bytes(gzip.compress(part, mtime=0) if k == 2 else part)
+        files.append(path)
+    files.append(root / "tiny.jsonl")
+    files[-1].write_text(json.dumps({"text": "In the beginning."}) + "\n")
+    return files
+
+
+def local_build(inputs: List[Path], out: Path, **opts: Any) -> Dict[str, Any]:
+    return tokshuf.build_cache(inputs, out, progress=False, threads=1, **opts).metadata
+
+
+def ray_build(inputs: List[Path], out: Path, options: Optional[_ray.RayOptions] = None, **opts: Any) -> Dict[str, Any]:
+    """A Ray build through the engine's own entry, to choose task sizes."""
+    args = dict(
+        inputs=[str(p) for p in sorted(inputs)],
+        output=str(out),
+        tokenizer=opts.pop("tokenizer", tokshuf.DEFAULT_TOKENIZER),
+        seqlen=opts.pop("seqlen", 2049),
+        chunk_size=opts.pop("chunk_size", 8192),
+        num_local_cells=opts.pop("num_local_cells", None),
+        local_cell_dir=None,
+        seed=opts.pop("seed", 0),
+        text_key="text",
+        format=opts.pop("format", "npy"),
+        tail=opts.pop("tail", "stitch"),
+        eot_id=None,
+        pad_id=None,
+        bos=False,
+        bos_id=None,
+        allow_special_tokens=False,
+        shuffle=opts.pop("shuffle", True),
+        memory_limit=1 << 30,
+        errors=opts.pop("errors", "raise"),
+        overwrite=opts.pop("overwrite", False),
+    )
+    assert not opts, opts
+    return _ray.build(args, options or _ray.RayOptions(cpus_per_task=1), progress=False)
+
+
+def assert_same_cache(a: Path, b: Path) -> None:
+    """Every file byte-identical, tokshuf.json but its `build` key."""
+    names = sorted(p.name for p in a.iterdir())
+    assert names == sorted(p.name for p in b.iterdir())
+    assert "manifest.jsonl" in names and any(n.endswith(".tar") for n in names)
+    for name in names:
+        if name == "tokshuf.json":
+            ma, mb = (json.loads((d / name).read_text()) for d in (a, b))
+            ma.pop("build"), mb.pop("build")
+            assert ma == mb
+            assert (a / name).read_bytes().count(b"\n") > 0
+        else:
+            assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+
+RECIPES = [
+    pytest.param(
+        dict(tokenizer=NEOX, format="npy", tail="stitch", shuffle=True), (1, 3), id="neox-npy-stitch-shuffled"
+    ),
+    pytest.param(dict(tokenizer=NEOX, format="json.gz", tail="pad", shuffle=False), (2, 1), id="neox-json-pad-ordered"),
+    pytest.param(dict(tokenizer=CL100K, format="npy", tail="pad", shuffle=True), (1, 1), id="cl100k-npy-pad-shuffled"),
+    pytest.param(
+        dict(tokenizer=CL100K, format="json.gz", tail="stitch", shuffle=False), (3, 4), id="cl100k-json-stitch-ordered"
+    ),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("recipe", "sizes"), RECIPES)
+def test_ray_build_is_byte_identical_to_local(
+    cluster: LocalCluster, corpus: List[Path], tmp_path: Path, recipe: Dict[str, Any], sizes: Tuple[int, int]
+) -> None:
+    opts = dict(recipe, seqlen=128, chunk_size=32, num_local_cells=5, seed=7)
+    want = local_build(corpus, tmp_path / "local", **opts)
+    files_per_task, chunks_per_task = sizes
+    # task_bytes of 1 puts each file in its own task; larger groups take several.
+    task_bytes = 1 if files_per_task == 1 else sum(p.stat().st_size for p in corpus[:files_per_task])
+    options = _ray.RayOptions(cpus_per_task=1, task_bytes=task_bytes, chunks_per_task=chunks_per_task)
+    got = ray_build(corpus, tmp_path / "ray", options, **opts)
+    assert_same_cache(tmp_path / "local", tmp_path / "ray")
+    assert want["num_chunks"] > 4 and want["build"]["engine"] == "local"
+    b = got["build"]
+    assert (b["engine"], b["nodes"], b["cpus"], b["retries"]) == ("ray", 3, 3, 0)
+    assert b["tasks"]["tokenize"] >= len(corpus) // files_per_task
+    assert b["tasks"]["write"] == -(-want["num_chunks"] // chunks_per_task)
+    assert set(b["durations"]) == {"connect_s", "preflight_s", "tokenize_s", "plan_s", "write_s"}
+    # Run again: the complete cache is confirmed, not rebuilt.
+    assert ray_build(corpus, tmp_path / "ray", options, **opts)["build"] == b
+
+
+@pytest.mark.slow
+def test_public_api_and_cli_run_on_the_cluster(cluster: LocalCluster, corpus: List[Path], tmp_path: Path) -> None:
+    opts = dict(tokenizer=CL100K, seqlen=256, chunk_size=16)
+    local_build(corpus, tmp_path / "local", **opts)
+    stats = tokshuf.build_cache(
+        corpus, tmp_path / "api", progress=False, engine="ray", ray_address=cluster.address, **opts
+    )
+    assert stats.metadata["build"]["engine"] == "ray"
+    assert_same_cache(tmp_path / "local", tmp_path / "api")
+    cmd = [sys.executable, "-m", "tokshuf", "build", "--engine", "ray", "--ray-address", cluster.address]
+    cmd += ["--output", str(tmp_path / "cli"), "--tokenizer", CL100K, "--seqlen", "256", "--chunk-size", "16"]
+    cmd += [a for p in corpus for a in ("--input", str(p))]
+    subprocess.run(cmd, check=True, timeout=300, capture_output=True)
+    assert_same_cache(tmp_path / "local", tmp_path / "cli")
+
+
+@pytest.mark.slow
+def test_bad_line_same_error_and_same_skips(cluster: LocalCluster, corpus: List[Path], tmp_path: Path) -> None:
+    bad = tmp_path / "in" / "bad.jsonl"
+    bad.parent.mkdir()
+    bad.write_text(json.dumps({"text": "fine"}) + "\n" + '{"text": "cut\n' + json.dumps({"text": "after"}) + "\n")
+    inputs = [*corpus, bad]
+    opts = dict(seqlen=128, chunk_size=32)
+    with pytest.raises(InputError) as local_err:
+        local_build(inputs, tmp_path / "local", **opts)
+    with pytest.raises(InputError) as ray_err:
+        ray_build(inputs, tmp_path / "ray", _ray.RayOptions(cpus_per_task=1, task_bytes=1), **opts)
+    assert str(ray_err.value) == str(local_err.value)
+    assert f"{bad}:2" in str(ray_err.value)
+    want = local_build(inputs, tmp_path / "local-skip", errors="skip", **opts)
+    got = ray_build(
+        inputs, tmp_path / "ray-skip", _ray.RayOptions(cpus_per_task=1, task_bytes=1), errors="skip", **opts
+    )
+    assert got["skipped"] == want["skipped"] and sum(want["skipped"].values()) == 1
+    assert_same_cache(tmp_path / "local-skip", tmp_path / "ray-skip")
+
+
+@pytest.mark.slow
+def test_failed_tasks_are_retried_to_the_same_bytes(
+    cluster: LocalCluster, corpus: List[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    opts = dict(tokenizer=NEOX, seqlen=128, chunk_size=32, num_local_cells=3)
+    local_build(corpus, tmp_path / "local", **opts)
+    options = _ray.RayOptions(cpus_per_task=1, task_bytes=1, chunks_per_task=2)
+    for fault in ("stage1:3", "stage2:1"):
+        monkeypatch.setenv(_ray.FAULT_ENV, fault)
+        got = ray_build(corpus, tmp_path / fault.replace(":", "-"), options, **opts)
+        assert got["build"]["retries"] == 1
+        assert_same_cache(tmp_path / "local", tmp_path / fault.replace(":", "-"))
+
+
+def _wait_for(path: Path, text: str, what: Any, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and text in path.read_text()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{text!r} never appeared in {path}")
+        if what is not None and not what():
+            raise AssertionError(f"the build ended before {text!r}")
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["stage1.spill", "stage2.tmp"])
+def test_worker_node_lost_mid_stage(
+    cluster: LocalCluster, corpus: List[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, point: str
+) -> None:
+    """A fourth node whose tasks stop for good at `point` (a spill renamed but its summary not
+    yet written; a shard written under its temporary name) is removed while they hang: its
+    task is retried on the other nodes and the cache is the one machine's."""
+    opts = dict(tokenizer=NEOX, seqlen=128, chunk_size=32, num_local_cells=4, tail="pad")
+    local_build(corpus, tmp_path / "local", **opts)
+    trace = tmp_path / "trace"
+    # The node's raylet, and so its workers, inherit the hooks; this driver does not.
+    monkeypatch.setenv("TOKSHUF_TEST_PAUSE", point)
+    monkeypatch.setenv("TOKSHUF_TEST_TRACE", str(trace))
+    node = cluster.add_worker()
+    monkeypatch.delenv("TOKSHUF_TEST_PAUSE")
+    monkeypatch.delenv("TOKSHUF_TEST_TRACE")
+    assert len(cluster.alive_nodes()) == 4
+    result: Dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            options = _ray.RayOptions(cpus_per_task=1, task_bytes=1, chunks_per_task=1)
+            result["meta"] = ray_build(corpus, tmp_path / "ray", options, **opts)
+        except BaseException as e:
+            result["error"] = e
+
+    driver = threading.Thread(target=run)
+    driver.start()
+    try:
+        _wait_for(trace, f"paused {point}", driver.is_alive)
+    finally:
+        cluster.remove_worker(node)
+    driver.join(timeout=300)
+    assert "error" not in result, result.get("error")
+    assert_same_cache(tmp_path / "local", tmp_path / "ray")
+    assert result["meta"]["build"]["nodes"] == 4
+    assert len(cluster.alive_nodes()) == 3
+
+
+DRIVER = """
+import json, sys
+from tokshuf import _ray
+args, address = json.loads(sys.argv[1]), sys.argv[2]
+_ray.build(args, _ray.RayOptions(address=address, cpus_per_task=1, task_bytes=1, chunks_per_task=1), progress=False)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["plan", "stage2.listed"])
+def test_killed_driver_resumes_to_the_same_bytes(
+    cluster: LocalCluster, corpus: List[Path], tmp_path: Path, point: str
+) -> None:
+    """The driver is SIGKILLed after stage 1 (the chunk plan published), or once the first
+    chunks are listed; the same build run again finishes the cache, byte-identical."""
+    opts = dict(tokenizer=CL100K, seqlen=128, chunk_size=32, num_local_cells=4, format="json.gz")
+    local_build(corpus, tmp_path / "local", **opts)
+    out, trace = tmp_path / "ray", tmp_path / "trace"
+    args = dict(
+        inputs=[str(p) for p in sorted(corpus)], output=str(out), tokenizer=CL100K, seqlen=128, chunk_size=32,
+        num_local_cells=4, local_cell_dir=None, seed=0, text_key="text", format="json.gz", tail="stitch",
+        eot_id=None, pad_id=None, bos=False, bos_id=None, allow_special_tokens=False, shuffle=True,
+        memory_limit=1 << 30, errors="raise", overwrite=False,
+    )  # fmt: skip
+    env = dict(os.environ, TOKSHUF_TEST_PAUSE=point, TOKSHUF_TEST_TRACE=str(trace))
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER, json.dumps(args), cluster.address], env=env)
+    try:
+        _wait_for(trace, f"paused {point}", lambda: proc.poll() is None)
+    finally:
+        proc.kill()
+        proc.wait()
+    status = json.loads((out / "tokshuf.json").read_text())["status"]
+    assert status == "writing"
+    listed = (out / "manifest.jsonl").read_text().count("\n")
+    assert (listed > 0) == (point == "stage2.listed")
+    got = ray_build(corpus, out, _ray.RayOptions(cpus_per_task=1, chunks_per_task=2), **opts)
+    assert_same_cache(tmp_path / "local", out)
+    assert got["build"]["tasks"]["tokenize"] == 0  # stage 1 was done
