@@ -346,7 +346,9 @@ def test_worker_node_lost_mid_stage(
 ) -> None:
     """A fourth node whose tasks stop for good at `point` (a spill renamed but its summary not
     yet written; a shard written under its temporary name) is removed while they hang: its
-    task is retried on the other nodes and the cache is the one machine's."""
+    task is retried on the other nodes and the cache is the one machine's. Until the task has
+    paused, the other nodes' CPUs are held, so the doomed node runs the first task of the
+    stage whatever the scheduler prefers (all of stage 1 too, for a pause in stage 2)."""
     opts = dict(tokenizer=NEOX, seqlen=128, chunk_size=32, num_local_cells=4, tail="pad")
     local_build(corpus, tmp_path / "local", **opts)
     trace = tmp_path / "trace"
@@ -367,9 +369,11 @@ def test_worker_node_lost_mid_stage(
             result["error"] = e
 
     driver = threading.Thread(target=run)
-    driver.start()
     try:
-        _wait_for(trace, f"paused {point}", driver.is_alive)
+        with cluster.only_on(node) as free_others:
+            driver.start()
+            _wait_for(trace, f"paused {point}", driver.is_alive)
+            free_others()
     finally:
         cluster.remove_worker(node)
     driver.join(timeout=300)
@@ -377,6 +381,7 @@ def test_worker_node_lost_mid_stage(
     assert_same_cache(tmp_path / "local", tmp_path / "ray")
     assert result["meta"]["build"]["nodes"] == 4
     assert len(cluster.alive_nodes()) == 3
+    assert trace.read_text().count(f"paused {point}") == 1
 
 
 DRIVER = """
