@@ -273,7 +273,7 @@ def test_ray_build_is_byte_identical_to_local(
     assert (b["engine"], b["nodes"], b["cpus"], b["retries"]) == ("ray", 3, 3, 0)
     assert b["tasks"]["tokenize"] >= len(corpus) // files_per_task
     assert b["tasks"]["write"] == -(-want["num_chunks"] // chunks_per_task)
-    assert set(b["durations"]) == {"connect_s", "preflight_s", "tokenize_s", "plan_s", "write_s"}
+    assert set(b["durations"]) == {"connect_s", "preflight_s", "tokenize_s", "plan_s", "regroup_s", "write_s"}
     # Run again: the complete cache is confirmed, not rebuilt.
     assert ray_build(corpus, tmp_path / "ray", options, **opts)["build"] == b
 

@@ -107,7 +107,8 @@ def build_cache(
     ``"bestfit"`` (documents placed whole into padded contexts by best-fit decreasing over
     windows of ``pack_window`` documents, default 1024; only documents longer than ``seqlen``
     are split; ``tail`` does not apply). ``output`` may be an object-store URL
-    (``s3://BUCKET/PREFIX``...; docs/storage.md).
+    (``s3://BUCKET/PREFIX``...; docs/storage.md): the local engine builds it on local disk
+    and uploads it, the Ray engine's tasks upload their files as they go.
 
     ``engine="ray"`` runs the build as tasks on a Ray cluster (``pip install "tokshuf[ray]"``;
     docs/distributed.md): ``ray_address`` ``"auto"`` (default) joins the running cluster, else
@@ -123,14 +124,14 @@ def build_cache(
 def run_build(inputs: Union[PathLike, Iterable[PathLike]], output: PathLike, **options: Any) -> BuildStats:
     """``build_cache`` without printing its summary (the CLI prints it on stdout). The core
     checks every option."""
-    if is_url(output):
-        local, overwrite = options.pop("local_cell_dir", None), options.pop("overwrite", False)
-        return build_to_url(run_build, inputs, output, local, overwrite, **options)
     engine, ray_address = options.pop("engine", "local"), options.pop("ray_address", None)
     if engine not in ("local", "ray"):
         raise ConfigError(f"engine must be 'local' or 'ray', not {engine!r}")
     if ray_address is not None and engine != "ray":
         raise ConfigError("ray_address is an option of engine='ray'")
+    if is_url(output) and engine == "local":
+        local, overwrite = options.pop("local_cell_dir", None), options.pop("overwrite", False)
+        return build_to_url(run_build, inputs, output, local, overwrite, **options)
     local = options.get("local_cell_dir")
     options.update(
         inputs=expand_inputs(inputs),

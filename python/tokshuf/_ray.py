@@ -1,17 +1,19 @@
 """``engine="ray"``: the build's steps run as Ray tasks (DESIGN §10, docs/distributed.md).
 
-The driver plans, sends stage 1 over groups of input files and stage 2 over groups of chunks to
-the cluster, and finalizes. Every step is pure and idempotent and publishes its output by a
-rename on storage that every node sees (the output folder and its work folder), so a task lost
-with its node, or retried after an error, rewrites the same bytes: the cache is the one a single
-machine builds. What travels through Ray is small: file indices and chunk ranges out, summaries
-and manifest lines back.
+The driver plans, sends stage 1 over groups of input files, then (shuffled builds) the regroup
+of their spills in cell order and stage 2 over groups of chunks to the cluster, and finalizes.
+Every step is pure and idempotent and publishes its output whole, by a rename on storage every
+node sees or as one object in a store (the output and its work folder), so a task lost with its
+node, or retried after an error, rewrites the same bytes: the cache is the one a single machine
+builds. What travels through Ray is small: the recipe once, file indices and chunk ranges out,
+summaries and manifest lines back.
 
 Ray is an optional dependency, imported only here and only when a build asks for this engine.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -20,9 +22,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from ._remote import is_url
 from .exceptions import (
     ConfigError,
     InputError,
+    InputNotFoundError,
     OutputExistsError,
     TokenizerError,
     TokshufError,
@@ -203,27 +207,36 @@ class Progress:
         sys.stderr.flush()
 
 
-def _node_check(paths: List[str], version: str, args: Optional[Dict[str, Any]]) -> Dict[str, Any]:
-    """Runs on one node: which of ``paths`` it cannot see, its tokshuf version, and (``args``)
-    the build's tokenizer loaded into this worker process for the tasks to come."""
-    from . import __version__
+def _node_check(paths: List[str], urls: List[str], version: str, args: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """Runs on one node: which of ``paths`` it cannot see and of ``urls`` it cannot reach, its
+    tokshuf version, and (``args``) the build's tokenizer loaded into this worker process for
+    the tasks to come, with its identity."""
+    from . import __version__, _core
 
     out: Dict[str, Any] = {
         "host": socket.gethostname(),
         "missing": [p for p in paths if not os.path.exists(p)],
+        "unreachable": [],
         "version": __version__,
         "version_ok": __version__ == version,
     }
-    if args is not None and out["version_ok"] and not out["missing"]:
+    for url in urls:
         try:
-            _steps(args)
+            _core._storage_head(url)
+        except InputNotFoundError:
+            pass  # reachable, and nothing there yet
+        except TokshufError as e:
+            out["unreachable"].append(f"{url} ({e})")
+    if args is not None and out["version_ok"] and not out["missing"] and not out["unreachable"]:
+        try:
+            out["tokenizer"] = tuple(_core.BuildSteps.warm(**args))
         except TokshufError as e:
             out["error"] = e
     return out
 
 
 def preflight_start(
-    session: Session, paths: List[str], cpus: int, args: Optional[Dict[str, Any]] = None
+    session: Session, paths: List[str], cpus: int, args: Optional[Dict[str, Any]] = None, urls: Sequence[str] = ()
 ) -> Dict[str, Any]:
     """Send the pre-flight check to every node that can run a task (see ``preflight``); it runs
     while the driver loads the tokenizer and prepares the output folder."""
@@ -238,7 +251,7 @@ def preflight_start(
             name=f"tokshuf preflight {n['NodeManagerAddress']}",
             num_cpus=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=n["NodeID"], soft=False),
-        ).remote(paths, __version__, args)
+        ).remote(paths, list(urls), __version__, args)
         for n in session.nodes
         if n["Resources"].get("CPU", 0) >= cpus
     }
@@ -247,7 +260,7 @@ def preflight_start(
     return refs
 
 
-def preflight_finish(session: Session, refs: Dict[str, Any]) -> None:
+def preflight_finish(session: Session, refs: Dict[str, Any], tokenizer: Optional[Tuple[str, str]] = None) -> None:
     from . import __version__
 
     problems = []
@@ -259,19 +272,32 @@ def preflight_finish(session: Session, refs: Dict[str, Any]) -> None:
                 f"{where} cannot see {', '.join(r['missing'])}: with engine='ray' the output folder, "
                 "the work folder (local_cell_dir) and the inputs must be on storage every node sees"
             )
+        if r["unreachable"]:
+            problems.append(
+                f"{where} cannot reach {', '.join(r['unreachable'])}: every node needs the store's credentials "
+                "and endpoint (AWS_*, GOOGLE_*, AZURE_* in its environment when `ray start` runs, or an instance role)"
+            )
         if not r["version_ok"]:
             problems.append(f"{where} runs tokshuf {r['version']}, the driver {__version__}: install the same version")
         if isinstance(r.get("error"), TokshufError):
             raise r["error"]
+        if tokenizer is not None and r.get("tokenizer") not in (None, tuple(tokenizer)):
+            problems.append(
+                f"{where} loads another tokenizer (sha256 {r['tokenizer'][0][:12]}..., the driver's {tokenizer[0][:12]}...): "
+                "every node needs the same tokenizer file"
+            )
     if problems:
         raise ConfigError("; ".join(problems))
 
 
-def preflight(session: Session, paths: List[str], cpus: int, args: Optional[Dict[str, Any]] = None) -> None:
+def preflight(
+    session: Session, paths: List[str], cpus: int, args: Optional[Dict[str, Any]] = None, urls: Sequence[str] = ()
+) -> None:
     """Before any work: every node sees ``paths`` (the output folder, an input; each task then
-    checks the work folder), runs this tokshuf version, and can load the tokenizer. A node that
-    cannot would fail every task sent to it, or worse, write to a folder no other node reads."""
-    preflight_finish(session, preflight_start(session, paths, cpus, args))
+    checks the work folder) and reaches ``urls`` (an input, the output in an object store),
+    runs this tokshuf version, and can load the tokenizer. A node that cannot would fail every
+    task sent to it, or worse, write to a folder no other node reads."""
+    preflight_finish(session, preflight_start(session, paths, cpus, args, urls))
 
 
 def _existing(path: str) -> str:
@@ -283,7 +309,7 @@ def _existing(path: str) -> str:
 
 
 def _check_work(steps: Any) -> None:
-    if not os.path.isdir(steps.work):
+    if not is_url(steps.work) and not os.path.isdir(steps.work):
         raise ConfigError(
             f"{socket.gethostname()} cannot see the work folder {steps.work}: with engine='ray' it must be "
             "on storage every node sees (local_cell_dir on a node's own disk cannot be used)"
@@ -319,10 +345,12 @@ def run_stage(
     tasks: List[Task],
     progress: Progress,
     on_done: Callable[[int, Any], None],
+    on_idle: Optional[Callable[[], None]] = None,
 ) -> StageResult:
     """Run ``tasks`` on the cluster, results by task index; ``on_done`` is called on the driver
-    as each finishes (progress, manifest lines). A failure that the input or options cause is
-    raised at once with its own type; any other is retried up to MAX_ATTEMPTS times."""
+    as each finishes (progress, manifest lines), ``on_idle`` when none has for a second. A
+    failure that the input or options cause is raised at once with its own type; any other is
+    retried up to MAX_ATTEMPTS times."""
     ray = session.ray
     t0 = time.monotonic()
     remote = {}
@@ -340,7 +368,11 @@ def run_stage(
     retries = 0
     try:
         while pending:
-            done, _ = ray.wait(list(pending), num_returns=1)
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
+            if not done:
+                if on_idle is not None:
+                    on_idle()
+                continue
             ref = done[0]
             i, attempt = pending.pop(ref)
             try:
@@ -384,17 +416,20 @@ def build_record(session: Session, cpus_per_task: int, stages: Dict[str, StageRe
 _STEPS: Dict[str, Any] = {}
 
 
-def _steps(args: Dict[str, Any]) -> Any:
+def _steps(args: Dict[str, Any], recipe: Optional[str] = None) -> Any:
+    """The build's steps in this process; ``recipe`` (the driver's, as JSON): no input is
+    listed or sized again."""
     from . import _core
 
     tok = str(args.get("tokenizer", ""))
     stamp = (os.stat(tok).st_size, os.stat(tok).st_mtime_ns) if os.path.isfile(tok) else None
-    key = json.dumps([args, stamp], sort_keys=True, default=str)  # a tokenizer file replaced: reload
+    digest = hashlib.sha256(recipe.encode()).hexdigest() if recipe is not None else None
+    key = json.dumps([args, stamp, digest], sort_keys=True, default=str)  # a tokenizer file replaced: reload
     steps = _STEPS.get(key)
     if steps is None:
         if len(_STEPS) >= 4:
             _STEPS.clear()
-        steps = _STEPS[key] = _core.BuildSteps(**args)
+        steps = _STEPS[key] = _core.BuildSteps(recipe=recipe, **args)
     return steps
 
 
@@ -403,12 +438,12 @@ def _task_threads() -> int:
     return max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
 
 
-def _stage1_task(args: Dict[str, Any], files: List[int], _fault: bool = False) -> List[Dict[str, int]]:
+def _stage1_task(args: Dict[str, Any], recipe: str, files: List[int], _fault: bool = False) -> List[Dict[str, int]]:
     """Tokenize ``files`` into their spills; returns a few figures per file (the summaries
     themselves stay on storage for the driver's chunk plan)."""
     if _fault:
         raise OSError(f"injected fault in stage 1, files {files} ({FAULT_ENV})")
-    steps = _steps(args)
+    steps = _steps(args, recipe)
     _check_work(steps)
     out = []
     for f, text in zip(files, steps.stage1(files, _task_threads())):
@@ -417,11 +452,21 @@ def _stage1_task(args: Dict[str, Any], files: List[int], _fault: bool = False) -
     return out
 
 
-def _stage2_task(args: Dict[str, Any], first: int, last: int, _fault: bool = False) -> List[str]:
+def _regroup_task(args: Dict[str, Any], recipe: str, files: List[int], _fault: bool = False) -> List[int]:
+    """Rewrite the spills of ``files`` in cell order; returns the files."""
+    if _fault:
+        raise OSError(f"injected fault in regroup, files {files} ({FAULT_ENV})")
+    steps = _steps(args, recipe)
+    _check_work(steps)
+    steps.regroup(files, _task_threads())
+    return files
+
+
+def _stage2_task(args: Dict[str, Any], recipe: str, first: int, last: int, _fault: bool = False) -> List[str]:
     """Write chunks ``first..last``; returns their manifest lines (JSON)."""
     if _fault:
         raise OSError(f"injected fault in stage 2, chunks {first}-{last - 1} ({FAULT_ENV})")
-    steps = _steps(args)
+    steps = _steps(args, recipe)
     _check_work(steps)
     return list(steps.stage2(first, last, _task_threads()))
 
@@ -436,8 +481,11 @@ def build(args: Dict[str, Any], options: RayOptions, progress: bool) -> Dict[str
     try:
         connect_s = time.monotonic() - t0
         cpus = options.cpus_per_task or default_cpus_per_task(session.nodes)
-        inputs = [os.fspath(p) for p in args["inputs"]]
-        checks = preflight_start(session, [_existing(os.fspath(args["output"])), *inputs[:1]], cpus, args)
+        output = os.fspath(args["output"])
+        first = [os.fspath(p) for p in args["inputs"][:1]]
+        paths = [p for p in first if not is_url(p)] + ([] if is_url(output) else [_existing(output)])
+        urls = [u for u in first if is_url(u)] + ([f"{output.rstrip('/')}/tokshuf.json"] if is_url(output) else [])
+        checks = preflight_start(session, paths, cpus, args, urls)
         steps = _core.BuildSteps(**args)
         record: Dict[str, Any] = {"engine": "ray", "nodes": len(session.nodes), "cpus": session.cpus}
         done_meta = steps.begin(json.dumps(record))
@@ -445,7 +493,7 @@ def build(args: Dict[str, Any], options: RayOptions, progress: bool) -> Dict[str
             return json.loads(done_meta)
         try:
             t = time.monotonic()
-            preflight_finish(session, checks)
+            preflight_finish(session, checks, _core.BuildSteps.warm(**args))
             preflight_s = time.monotonic() - t
             return _run(session, steps, args, options, cpus, progress, t0, connect_s, preflight_s)
         except BaseException:
@@ -469,6 +517,8 @@ def _run(
     bar = Progress(progress)
     slots = max(1, session.cpus // cpus)
     stages: Dict[str, StageResult] = {}
+    # The recipe goes to the cluster once; every task gets a reference to it.
+    recipe = session.ray.put(steps.recipe_json)
 
     # Stage 1: groups of files not done by a killed run.
     sizes = steps.input_sizes()
@@ -477,7 +527,7 @@ def _run(
     target = options.task_bytes or default_task_bytes(sum(sizes[f] for f in todo), slots)
     groups = [[todo[i] for i in g] for g in group_files([sizes[f] for f in todo], target)]
     tasks = [
-        Task(task_name("stage1", i, len(groups), span(g, "files")), _stage1_task, (args, g), cpus)
+        Task(task_name("stage1", i, len(groups), span(g, "files")), _stage1_task, (args, recipe, g), cpus)
         for i, g in enumerate(groups)
     ]
     bar.start("tokenize", len(sizes))
@@ -494,12 +544,28 @@ def _run(
     num_chunks = steps.plan_chunks(min(cpus, os.cpu_count() or 1), json.dumps(_partial(session, cpus, stages, t0)))
     plan_s = time.monotonic() - t
 
+    # Shuffled builds: every spill (the stitched tails' too) rewritten in cell order, in the
+    # same groups as stage 1 (a file's spill is about as large as the file).
+    nspills, regroup = steps.spills()
+    if regroup:
+        spill_sizes = [*sizes, 0][:nspills]
+        groups = group_files(spill_sizes, options.task_bytes or default_task_bytes(sum(spill_sizes), slots))
+        tasks = [
+            Task(task_name("regroup", i, len(groups), span(g, "files")), _regroup_task, (args, recipe, g), cpus)
+            for i, g in enumerate(groups)
+        ]
+        bar.start("regroup", nspills)
+        stages["regroup"] = run_stage(
+            session, "regroup", tasks, bar, lambda i, files: bar.advance(len(files), sum(spill_sizes[f] for f in files))
+        )
+        bar.end()
+
     # Stage 2: ranges of chunks a killed run did not list.
     listed = steps.listed
     per = options.chunks_per_task or default_chunks_per_task(num_chunks - listed, slots)
     ranges = [(listed + a, listed + b) for a, b in group_chunks(num_chunks - listed, per)]
     tasks = [
-        Task(task_name("stage2", i, len(ranges), span([a, b - 1], "chunks")), _stage2_task, (args, a, b), cpus)
+        Task(task_name("stage2", i, len(ranges), span([a, b - 1], "chunks")), _stage2_task, (args, recipe, a, b), cpus)
         for i, (a, b) in enumerate(ranges)
     ]
     bar.start("write", num_chunks)
@@ -510,7 +576,7 @@ def _run(
         parsed = [json.loads(line) for line in lines]
         bar.advance(len(lines), sum(p["bytes"] for p in parsed), sum(p["num_tokens"] for p in parsed))
 
-    stages["write"] = run_stage(session, "stage2", tasks, bar, on_stage2)
+    stages["write"] = run_stage(session, "stage2", tasks, bar, on_stage2, steps.upload_manifest)
     bar.end()
 
     record = build_record(session, cpus, stages, t0)
@@ -519,6 +585,7 @@ def _run(
         "preflight_s": preflight_s,
         "tokenize_s": stages["tokenize"].seconds,
         "plan_s": plan_s,
+        "regroup_s": stages["regroup"].seconds if "regroup" in stages else 0.0,
         "write_s": stages["write"].seconds,
     }
     record["threads"] = session.cpus

@@ -115,4 +115,4 @@ def assert_same_cache(got: Path, want: Path) -> None:
     assert sorted(a) == sorted(b), "file sets differ (leftover temporary or missing files)"
     for name in a:
         assert a[name] == b[name], f"{name} differs"
-    assert not list(Path(got).rglob("*.tmp")) and not (Path(got) / ".tokshuf-work").exists()
+    assert not list(Path(got).rglob("*.tmp*")) and not (Path(got) / ".tokshuf-work").exists()

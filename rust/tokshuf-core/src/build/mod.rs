@@ -11,12 +11,14 @@
 //! While a build runs, manifest.jsonl holds a prefix of the final manifest (complete lines
 //! only count), and tokshuf.json says how far the build is (`format::Status`).
 
+pub mod cell_spills;
 pub mod cells;
 pub mod driver;
 pub mod input;
 mod manifest;
 mod options;
 pub mod pack;
+pub mod place;
 pub mod plan;
 pub mod progress;
 pub mod resume;
@@ -67,7 +69,7 @@ impl Run<'_> {
         Metadata::new(&self.job.recipe, status, self.build_info())
     }
     fn write_planned(&self, plan: &ChunkPlan, totals: &Totals) -> Result<()> {
-        steps::write_metadata(&self.job.out, &steps::planned_metadata(&self.job, plan, totals.clone(), self.build_info()))
+        steps::write_metadata(&self.job.out, &steps::planned_metadata(&self.job.recipe, plan, totals.clone(), self.build_info()))
     }
     fn nfiles(&self) -> usize {
         self.job.recipe.inputs.len()
@@ -99,7 +101,8 @@ pub fn build(opts: &BuildOptions, cancel: Arc<AtomicBool>) -> Result<Metadata> {
     // Held for the whole run: refuses a second build into the same folder, and tells a reader
     // following this build whether it is still alive (see format::lock).
     let lock = BuildLock::acquire(&out)?;
-    let start = match resume::prepare(&out, &work, &recipe, opts.overwrite) {
+    let (out_place, work_place) = (place::Place::Dir(out.clone()), place::Place::Dir(work.clone()));
+    let start = match resume::prepare(&out_place, &work_place, &recipe, opts.overwrite) {
         Ok(s) => s,
         Err(e) => {
             if lock.created {
@@ -112,7 +115,7 @@ pub fn build(opts: &BuildOptions, cancel: Arc<AtomicBool>) -> Result<Metadata> {
         lock.remove()?;
         return Ok(*meta);
     }
-    resume::init_work(&work, &recipe)?;
+    resume::init_work(&work_place, &recipe)?;
 
     let threads = opts.threads();
     let pool = Arc::new(
@@ -144,7 +147,7 @@ pub fn build(opts: &BuildOptions, cancel: Arc<AtomicBool>) -> Result<Metadata> {
         steps::write_metadata(&out, &m)?;
     }
     testhook::point("start");
-    let mut manifest = Manifest::open(&out, matches!(start, Start::Fresh))?;
+    let mut manifest = Manifest::open(&out_place, matches!(start, Start::Fresh))?;
     let (plan, totals) = if run.job.recipe.shuffle {
         build_shuffled(&mut run, &mut manifest)?
     } else {
@@ -171,6 +174,7 @@ fn build_shuffled(run: &mut Run<'_>, manifest: &mut Manifest) -> Result<(ChunkPl
     let progress = &run.progress;
     let mut summaries = steps::stage1_files(&run.job, &run.cfg, &files, &run.pool, &run.cancel, |file, s| {
         progress.advance(1, inputs[file].bytes, s.num_tokens);
+        Ok(())
     })?;
     if let Some(s) = steps::stitch(&run.job, &run.cfg, &summaries)? {
         summaries.push(s);

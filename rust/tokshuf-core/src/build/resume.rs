@@ -3,8 +3,8 @@
 //!
 //! A build is resumable because every unit of work is published by a rename: a stage-1 file is
 //! done when its summary exists, a chunk when its shard exists, the cache when tokshuf.json says
-//! "complete". Whatever else a killed run leaves (`*.tmp` files, a half-removed work folder) is
-//! rewritten or removed by the next run. The work folder also records each input's size and
+//! "complete". Whatever else a killed run leaves (temporary `*.tmp.TAG` files, a half-removed
+//! work folder) is removed by the next run. The work folder also records each input's size and
 //! modification time when the build started, so an input edited in place (same size) is
 //! noticed; tokshuf.json cannot hold mtimes, its bytes must not depend on the machine.
 
@@ -14,6 +14,8 @@ use std::time::UNIX_EPOCH;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+pub use super::place::remove_tree;
+use super::place::Place;
 use crate::build::stage1;
 use crate::error::{Error, Result};
 use crate::format::{self, is_data, is_ours, Metadata, Recipe, Status, MANIFEST_NAME, META_NAME, WORK_NAME};
@@ -87,77 +89,77 @@ fn read_work_state(work: &Path) -> Option<WorkState> {
     format::read_json(&work.join(WORK_STATE)).ok()
 }
 
-/// Decide what to do with the output folder, clearing it when starting over.
-pub fn prepare(output: &Path, work: &Path, recipe: &Recipe, overwrite: bool) -> Result<Start> {
-    if !output.exists() {
-        std::fs::create_dir_all(output).map_err(|e| Error::io(output, e))?;
+/// Decide what to do with the output (a folder, or a prefix in an object store), clearing it
+/// when starting over.
+pub fn prepare(out: &Place, work: &Place, recipe: &Recipe, overwrite: bool) -> Result<Start> {
+    if let Some(dir) = out.dir() {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     }
-    let entries = list(output)?;
+    let entries = out.names()?;
     let foreign: Vec<&String> = entries.iter().filter(|n| !is_ours(n)).take(3).collect();
     if !foreign.is_empty() {
         return Err(Error::OutputExists(format!(
-            "{}: output folder holds files tokshuf did not write ({foreign:?}); choose an empty or new folder",
-            output.display()
+            "{out}: output folder holds files tokshuf did not write ({foreign:?}); choose an empty or new folder"
         )));
     }
-    let meta_path = output.join(META_NAME);
-    let existing: Option<Metadata> = if meta_path.exists() {
-        match format::read_json::<Metadata>(&meta_path) {
-            Ok(v) => Some(v),
-            Err(_) if overwrite => None,
-            Err(e) => return Err(e),
-        }
-    } else {
-        None
+    let existing: Option<Metadata> = match out.read_json::<Metadata>(META_NAME) {
+        Ok(m) => m,
+        Err(_) if overwrite => None,
+        Err(e) => return Err(e),
     };
-    let work_state = read_work_state(work);
+    let work_state: Option<WorkState> = work.read_json(WORK_STATE).ok().flatten();
     let old: Option<Recipe> = match &existing {
         Some(m) => m.typed_recipe(),
         None => work_state.as_ref().map(|w| w.recipe.clone()),
     };
     let Some(old) = old else {
         // No recipe anywhere: an empty folder, or a build killed before its first metadata
-        // (left only `*.tmp` files or a work folder without state). Shards without metadata
+        // (left only temporary files or a work folder without state). Shards without metadata
         // are another matter: they may be someone's data.
         if !overwrite && (existing.is_some() || entries.iter().any(|n| is_data(n))) {
             return Err(Error::OutputExists(format!(
-                "{}: holds cache files but no readable tokshuf.json; pass overwrite=True (--overwrite) to start over",
-                output.display()
+                "{out}: holds cache files but no readable tokshuf.json; pass overwrite=True (--overwrite) to start over"
             )));
         }
-        clear(output, work, &entries)?;
+        clear(out, work, &entries)?;
         return Ok(Start::Fresh);
     };
     if overwrite {
-        clear(output, work, &entries)?;
+        clear(out, work, &entries)?;
         return Ok(Start::Fresh);
     }
     if &old != recipe {
         return Err(Error::OutputExists(format!(
-            "{}: holds a build with other inputs or options ({}); pass overwrite=True (--overwrite) to start over",
-            output.display(),
+            "{out}: holds a build with other inputs or options ({}); pass overwrite=True (--overwrite) to start over",
             old.differences(recipe).join("; ")
         )));
     }
     if let Some(m) = existing.as_ref().filter(|m| m.status == Status::Complete) {
         // A run killed after publishing the cache may have left its work folder or temporaries.
-        remove_tree(work)?;
-        for name in entries.iter().filter(|n| n.ends_with(".tmp")) {
-            remove_tree(&output.join(name))?;
-        }
+        work.remove_all()?;
+        remove_tmp(out, &entries)?;
         return Ok(Start::Complete(Box::new(m.clone())));
     }
     if let Some(w) = &work_state {
         let changed = changed_inputs(w)?;
         if !changed.is_empty() {
             return Err(Error::OutputExists(format!(
-                "{}: input files changed since this unfinished build started ({}); pass overwrite=True (--overwrite) to start over",
-                output.display(),
+                "{out}: input files changed since this unfinished build started ({}); pass overwrite=True (--overwrite) to start over",
                 changed.join("; ")
             )));
         }
     }
+    // Temporary files of the killed run: every writer has its own name, so none is reused.
+    remove_tmp(out, &entries)?;
     Ok(Start::Resume)
+}
+
+/// Remove the temporary files (`format::is_tmp`) among `entries` of `place`.
+fn remove_tmp(place: &Place, entries: &[String]) -> Result<()> {
+    for name in entries.iter().filter(|n| format::is_tmp(n)) {
+        place.remove(name)?;
+    }
+    Ok(())
 }
 
 fn changed_inputs(w: &WorkState) -> Result<Vec<String>> {
@@ -178,36 +180,29 @@ fn changed_inputs(w: &WorkState) -> Result<Vec<String>> {
 }
 
 /// Remove everything a build wrote (only our names: `prepare` refused foreign files).
-fn clear(output: &Path, work: &Path, entries: &[String]) -> Result<()> {
+fn clear(out: &Place, work: &Place, entries: &[String]) -> Result<()> {
     // The lock file is the running build's own: removing it would let a second build in.
     for name in entries.iter().filter(|n| *n != crate::format::LOCK_NAME) {
-        remove_tree(&output.join(name))?;
+        out.remove(name)?;
     }
-    remove_tree(work)
+    work.remove_all()
 }
 
-pub fn remove_tree(p: &Path) -> Result<()> {
-    let r = match std::fs::symlink_metadata(p) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => Err(e),
-        Ok(md) if md.is_dir() => std::fs::remove_dir_all(p),
-        Ok(_) => std::fs::remove_file(p),
-    };
-    r.map_err(|e| Error::io(p, e))
-}
-
-/// Create the work folder for `recipe`, or keep it if it already belongs to it. A work folder
-/// of another recipe (possible under `local_cell_dir`) is stale and cleared.
-pub fn init_work(work: &Path, recipe: &Recipe) -> Result<()> {
-    if let Some(w) = read_work_state(work) {
+/// Create the work folder for `recipe`, or keep it if it already belongs to it (less the
+/// temporary files of a killed run). A work folder of another recipe (possible under
+/// `local_cell_dir`) is stale and cleared.
+pub fn init_work(work: &Place, recipe: &Recipe) -> Result<()> {
+    if let Some(w) = work.read_json::<WorkState>(WORK_STATE).ok().flatten() {
         if &w.recipe == recipe {
-            return Ok(());
+            return remove_tmp(work, &work.names()?);
         }
     }
-    remove_tree(work)?;
-    std::fs::create_dir_all(work).map_err(|e| Error::io(work, e))?;
+    work.remove_all()?;
+    if let Some(dir) = work.dir() {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    }
     let state = WorkState { recipe: recipe.clone(), inputs: stamps(recipe)? };
-    format::write_atomic(&work.join(WORK_STATE), &format::to_json_bytes(&state))
+    work.write(WORK_STATE, &format::to_json_bytes(&state), WORK_STATE)
 }
 
 /// Remove the work folder at the end of a build, file by file (a run killed part-way leaves a
@@ -229,9 +224,7 @@ pub fn remove_work(work: &Path) -> Result<()> {
 
 /// Complete lines of manifest.jsonl (a prefix of the final manifest while a build runs).
 pub fn manifest_prefix(output: &Path) -> Vec<format::ManifestLine> {
-    let Ok(bytes) = std::fs::read(output.join(MANIFEST_NAME)) else { return Vec::new() };
-    let end = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-    bytes[..end].split(|&b| b == b'\n').filter(|l| !l.is_empty()).map_while(|l| serde_json::from_slice(l).ok()).collect()
+    std::fs::read(output.join(MANIFEST_NAME)).map(|b| super::manifest::prefix(&b)).unwrap_or_default()
 }
 
 /// Progress of a build (finished or not) in `output`, for `tokshuf status`.
@@ -294,11 +287,20 @@ mod tests {
 
     #[test]
     fn only_our_names_are_ours() {
-        for name in ["tokshuf.json", "manifest.jsonl", ".tokshuf-work", "shard_00000003.tar", "shard_00000003.tar.tmp", "tokshuf.json.tmp"]
-        {
+        for name in [
+            "tokshuf.json",
+            "manifest.jsonl",
+            ".tokshuf-work",
+            "shard_00000003.tar",
+            "shard_00000003.tar.tmp",
+            "shard_00000003.tar.tmp.0123456789abcdef",
+            "tokshuf.json.tmp",
+            "manifest.jsonl.tmp.fedcba9876543210",
+        ] {
             assert!(is_ours(name), "{name}");
         }
-        for name in ["notes.txt", "data.tmp", "shard_1.npy", "tokshuf.jsonx"] {
+        for name in ["notes.txt", "data.tmp", "shard_1.npy", "tokshuf.jsonx", "notes.txt.tmp.0123456789abcdef", "shard_00000003.tar.tmp.x"]
+        {
             assert!(!is_ours(name), "{name}");
         }
     }

@@ -39,12 +39,21 @@ pub struct Stage1Config {
     pub pack_window: Option<usize>,
 }
 
+/// Names of file `file`'s spill and summary in the work folder.
+pub fn spill_name(file: usize) -> String {
+    format!("f{file:08}.ctx")
+}
+
+pub fn summary_name(file: usize) -> String {
+    format!("f{file:08}.json")
+}
+
 pub fn spill_path(work: &Path, file: usize) -> PathBuf {
-    work.join(format!("f{file:08}.ctx"))
+    work.join(spill_name(file))
 }
 
 pub fn summary_path(work: &Path, file: usize) -> PathBuf {
-    work.join(format!("f{file:08}.json"))
+    work.join(summary_name(file))
 }
 
 enum Job {

@@ -91,25 +91,34 @@ pub fn summary(job: &Job, file: usize) -> Result<Option<FileSummary>> {
 }
 
 /// Step 2: tokenize and window input files `files`, writing their spills and summaries.
-/// Files already done are skipped; `on_done` hears of each file finished now.
+/// Files already done are skipped; `on_done` hears of each file finished now (an error from
+/// it stops stage 1). Returns the summaries of `files`, in order.
 pub fn stage1_files(
     job: &Job,
     cfg: &Arc<Stage1Config>,
     files: &[usize],
     pool: &Arc<ThreadPool>,
     cancel: &Arc<AtomicBool>,
-    mut on_done: impl FnMut(usize, &FileSummary),
+    mut on_done: impl FnMut(usize, &FileSummary) -> Result<()>,
 ) -> Result<Vec<FileSummary>> {
     std::fs::create_dir_all(&job.work).map_err(|e| Error::io(&job.work, e))?;
     let todo: Vec<usize> = files.iter().copied().filter(|&f| !stage1::summary_path(&job.work, f).exists()).collect();
     let schedule = Schedule { window: 1, notify_every: 0, batch_bytes: stage1::BATCH_BYTES };
+    let mut fresh = HashMap::new();
     stage1::run(cfg, &job.paths(), &todo, &job.work, pool, cancel, schedule, |ev| {
         if let stage1::Event::Done { file, summary, .. } = ev {
-            on_done(file, summary);
+            fresh.insert(file, summary.clone());
+            on_done(file, summary)?;
         }
         Ok(())
     })?;
-    files.iter().map(|&f| summary(job, f)?.ok_or_else(|| Error::Config(format!("stage 1 left file {f} unfinished")))).collect()
+    files
+        .iter()
+        .map(|&f| match fresh.remove(&f) {
+            Some(s) => Ok(s),
+            None => summary(job, f)?.ok_or_else(|| Error::Config(format!("stage 1 left file {f} unfinished"))),
+        })
+        .collect()
 }
 
 /// Step 3: with tail "stitch", window the tails of all files (`summaries`, in file order) as
@@ -218,11 +227,11 @@ pub(crate) fn write_spill_range(
 }
 
 /// The figures and plan fields of tokshuf.json from status "writing" on.
-pub fn planned_metadata(job: &Job, plan: &ChunkPlan, totals: Totals, build: Value) -> Metadata {
-    let mut m = Metadata::new(&job.recipe, Status::Writing, build);
+pub fn planned_metadata(recipe: &Recipe, plan: &ChunkPlan, totals: Totals, build: Value) -> Metadata {
+    let mut m = Metadata::new(recipe, Status::Writing, build);
     m.num_chunks = Some(plan.num_chunks());
     m.num_contexts = Some(plan.num_contexts());
-    m.chunk_sizes = Some((!job.recipe.shuffle).then(|| plan.chunk_sizes()));
+    m.chunk_sizes = Some((!recipe.shuffle).then(|| plan.chunk_sizes()));
     m.totals = Some(totals);
     m
 }
@@ -235,14 +244,20 @@ pub fn write_metadata(out: &Path, meta: &Metadata) -> Result<()> {
 /// Step 6: the whole manifest, then tokshuf.json "complete": a complete tokshuf.json means a
 /// complete cache. `lines` are every chunk's, in chunk order.
 pub fn finalize(job: &Job, plan: &ChunkPlan, totals: Totals, lines: &[ManifestLine], build: Value) -> Result<Metadata> {
+    let meta = complete_metadata(&job.recipe, plan, totals, lines, build)?;
+    format::write_atomic(&job.out.join(MANIFEST_NAME), &manifest_text(lines))?;
+    write_metadata(&job.out, &meta)?;
+    testhook::point("complete");
+    Ok(meta)
+}
+
+/// tokshuf.json "complete" for the manifest `lines` (every chunk's, in chunk order).
+pub fn complete_metadata(recipe: &Recipe, plan: &ChunkPlan, totals: Totals, lines: &[ManifestLine], build: Value) -> Result<Metadata> {
     if lines.len() as u64 != plan.num_chunks() || lines.iter().enumerate().any(|(k, l)| l.shard != format::shard_stem(k as u64)) {
         return Err(Error::Config("internal error: chunks missing from the manifest (please report)".into()));
     }
-    format::write_atomic(&job.out.join(MANIFEST_NAME), &manifest_text(lines))?;
-    let mut meta = planned_metadata(job, plan, totals, build);
+    let mut meta = planned_metadata(recipe, plan, totals, build);
     meta.status = Status::Complete;
     meta.bytes_out = Some(lines.iter().map(|m| m.bytes()).sum());
-    write_metadata(&job.out, &meta)?;
-    testhook::point("complete");
     Ok(meta)
 }

@@ -10,7 +10,7 @@ mod manifest;
 mod meta;
 mod names;
 
-pub use atomic::{read_json, tmp_name, to_json_bytes, write_atomic, write_atomic_as};
+pub use atomic::{is_tmp, read_json, tmp_base, tmp_name, to_json_bytes, write_atomic, write_atomic_as};
 pub use layout::{decode_ids, member_name, npy_header, npy_stride, TAR_BLOCK};
 pub use manifest::ManifestLine;
 pub use meta::{

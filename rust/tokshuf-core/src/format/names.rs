@@ -21,13 +21,8 @@ pub fn shard_path(root: &Path, c: u64) -> PathBuf {
 
 /// Names a build writes into its output folder (finished or not).
 pub fn is_ours(name: &str) -> bool {
-    name == META_NAME
-        || name == MANIFEST_NAME
-        || name == WORK_NAME
-        || (name.starts_with("shard_") && (name.ends_with(".tar") || name.ends_with(".tar.tmp")))
-        || name == "tokshuf.json.tmp"
-        || name == "manifest.jsonl.tmp"
-        || name == LOCK_NAME
+    let final_name = |n: &str| n == META_NAME || n == MANIFEST_NAME || (n.starts_with("shard_") && n.ends_with(".tar"));
+    final_name(name) || name == WORK_NAME || name == LOCK_NAME || super::tmp_base(name).is_some_and(final_name)
 }
 
 /// Names that hold cache data (as opposed to metadata and scratch).
