@@ -8,14 +8,17 @@ import gzip
 import json
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any, List
+from typing import Any, Dict, List
 
 import pytest
 import tokshuf
 from support.corpus import make_docs, three_files
 from support.s3 import S3, every_get, uploads
+from support.steps import drive, step_args
+from tokshuf import _core
 
 OPTS = dict(seqlen=64, chunk_size=16, progress=False)
 
@@ -66,8 +69,11 @@ def test_failed_upload_resumes_and_skips_what_is_there(s3: S3, tmp_path: Path, s
     with pytest.raises(tokshuf.RemoteError, match=shards[2].replace(".", r"\.")):
         tokshuf.build_cache(small_corpus, url, local_cell_dir=tmp_path / "scratch", **OPTS)
     # Nothing claims to be complete; the staging copy waits for the next run.
-    assert json.loads(s3.get("caches/c/tokshuf.json"))["status"] == "building"
-    assert "caches/c/manifest.jsonl" not in s3.keys("caches/c/")
+    assert json.loads(s3.get("caches/c/tokshuf.json"))["status"] == "writing"
+    # A manifest, if one is there yet, lists only shards in the store.
+    if "caches/c/manifest.jsonl" in s3.keys("caches/c/"):
+        listed = [json.loads(line)["shard"] for line in s3.get("caches/c/manifest.jsonl").splitlines()]
+        assert all(f"caches/c/{s}.tar" in s3.keys("caches/c/") for s in listed) and len(listed) < len(shards)
     assert any((tmp_path / "scratch").glob("tokshuf-staging-*"))
     proxy = s3.faults(seed=0, rate=0.0)
     tokshuf.build_cache(small_corpus, url, local_cell_dir=tmp_path / "scratch", **OPTS)
@@ -293,3 +299,61 @@ def test_remote_reader_fetches_ahead_in_its_exact_future_order(s3: S3, tmp_path:
         time.sleep(0.05)
     # Exactly the next three shards of this reader's order are there: fetched ahead, in order.
     assert have == sorted(f"shard_{c:08d}.tar" for c in ahead)
+
+
+# -- following a build into a store -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_follow_a_build_into_the_store(s3: S3, tmp_path: Path, small_corpus: list, shuffle: bool) -> None:
+    """A reader opens the URL before the build has written anything, reads its first batch
+    while the build still runs, and gets the local cache's batches."""
+    args = step_args(small_corpus, s3.url("caches/follow"), local_cell_dir=str(tmp_path / "scratch"), shuffle=shuffle)
+    local = tmp_path / "local"
+    tokshuf.build_cache(small_corpus, local, seqlen=64, chunk_size=16, num_local_cells=3, shuffle=shuffle, progress=False)
+    n = len(tokshuf.Cache(local)) // 8 + 3  # into the second epoch
+    want = batches(tokshuf.Cache(local), n)
+    done: Dict[str, float] = {}
+
+    def build() -> None:
+        drive(args, chunks_per_call=1, pause=0.3)
+        done["at"] = time.monotonic()
+
+    builder = threading.Thread(target=build)
+    builder.start()
+    try:
+        cache = tokshuf.Cache(s3.url("caches/follow"), follow=True, timeout=60, cache_dir=tmp_path / "cc")
+        r = tokshuf.Reader(cache, batch_size=8, seed=3, prefetch=0)
+        got = [next(r).tobytes()]
+        first_at = time.monotonic()
+        got += [next(r).tobytes() for _ in range(n - 1)]
+    finally:
+        builder.join(timeout=120)
+    assert got == want
+    assert first_at < done["at"], "the reader did not follow: the build was over before its first batch"
+    assert cache.following
+
+
+def test_follow_a_dead_build_in_the_store(
+    s3: S3, tmp_path: Path, small_corpus: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A driver that stops renewing its lease (it died) before the cache is complete: a reader
+    waiting for a chunk learns that the build is not running, instead of waiting forever."""
+    monkeypatch.setenv("TOKSHUF_REMOTE_LEASE", "1")
+    url = s3.url("caches/dead")
+    args = step_args(small_corpus, url, local_cell_dir=str(tmp_path / "scratch"), shuffle=False)
+    steps = _core.BuildSteps(**args)
+    assert steps.begin("{}") is None
+    # A second build refuses to start while the first one's lease is live.
+    with pytest.raises(tokshuf.OutputExistsError, match="another tokshuf build"):
+        _core.BuildSteps(**args).begin("{}")
+    steps.stage1(list(range(len(steps.input_sizes()))), 1)
+    chunks = steps.plan_chunks(1, "{}")
+    steps.add_lines(0, steps.stage2(0, 1, 1))
+    steps.upload_manifest(now=True)
+    steps.release()  # the lease stops being renewed, as when the driver dies
+    cache = tokshuf.Cache(url, follow=True, timeout=60, cache_dir=tmp_path / "cc")
+    assert chunks > 1 and cache.following
+    assert len(cache.get_batch(range(16))) == 16  # chunk 0 is there
+    with pytest.raises(tokshuf.BuildNotRunningError, match=r"s3://.*caches/dead.*not running"):
+        cache.get_batch([len(cache) - 1])

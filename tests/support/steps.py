@@ -5,6 +5,7 @@ for any place the output is (a folder or an object-store prefix)."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -32,9 +33,10 @@ def step_args(inputs: Sequence[Any], output: Any, **opts: Any) -> Dict[str, Any]
     return args
 
 
-def drive(args: Dict[str, Any], chunks_per_call: int = 2, files_per_call: int = 2) -> Dict[str, Any]:
+def drive(args: Dict[str, Any], chunks_per_call: int = 2, files_per_call: int = 2, pause: float = 0.0) -> Dict[str, Any]:
     """Every step, as the Ray driver calls them, each task's step on a fresh ``BuildSteps``
-    made from the driver's recipe (as a worker would). Returns tokshuf.json."""
+    made from the driver's recipe (as a worker would); ``pause`` seconds after each group of
+    chunks is listed (a slow build, for a reader to follow). Returns tokshuf.json."""
     driver = _core.BuildSteps(**args)
     done = driver.begin(json.dumps({"engine": "steps"}))
     if done is not None:
@@ -55,7 +57,8 @@ def drive(args: Dict[str, Any], chunks_per_call: int = 2, files_per_call: int = 
     for first in range(driver.listed, num_chunks, chunks_per_call):
         last = min(first + chunks_per_call, num_chunks)
         driver.add_lines(first, task().stage2(first, last, 1))
-        driver.upload_manifest()
+        driver.upload_manifest(now=pause > 0)
+        time.sleep(pause)
     return json.loads(driver.finish(json.dumps({"engine": "steps"})))
 
 

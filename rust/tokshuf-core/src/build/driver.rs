@@ -39,8 +39,9 @@ use super::steps::{self, Job};
 use super::BuildOptions;
 use crate::error::{Error, Result};
 use crate::format::{
-    self, lock::BuildLock, FileSummary, ManifestLine, Metadata, Recipe, Status, Tail, Totals, MANIFEST_NAME, META_NAME, WORK_NAME,
+    self, lock::BuildLock, FileSummary, ManifestLine, Metadata, Recipe, Status, Tail, Totals, LOCK_NAME, MANIFEST_NAME, META_NAME, WORK_NAME,
 };
+use crate::storage::lease::Lease;
 use crate::testhook;
 use crate::tokenize::Tokenizer;
 
@@ -57,7 +58,9 @@ pub struct Steps {
 
 /// The driver's state between `begin` and `finish`.
 pub struct Driver {
+    /// The build lock of a folder output, the lease of an output in a store.
     lock: Option<BuildLock>,
+    lease: Option<Lease>,
     manifest: Manifest,
     /// Chunks a killed run listed (their shards are in place): no task needs to write them.
     pub listed: u64,
@@ -193,19 +196,26 @@ impl Steps {
     pub fn begin(&self, build: &Value) -> Result<Begun> {
         testhook::init();
         let lock = self.out.dir().map(BuildLock::acquire).transpose()?;
+        let lease = match &self.out {
+            Place::Store { .. } => Some(Lease::take(self.out.location(LOCK_NAME), &self.out.to_string())?),
+            Place::Dir(_) => None,
+        };
+        // A build refused, or found complete, leaves the output as it was (less its lock).
+        let leave = |lock: Option<BuildLock>, lease: Option<Lease>| -> Result<()> {
+            if let Some(lock) = lock {
+                lock.remove()?;
+            }
+            lease.map_or(Ok(()), Lease::release)
+        };
         let start = match resume::prepare(&self.out, &self.work, &self.recipe, self.opts.overwrite) {
             Ok(s) => s,
             Err(e) => {
-                if let Some(lock) = lock.filter(|l| l.created) {
-                    let _ = lock.remove();
-                }
+                let _ = leave(lock.filter(|l| l.created), lease);
                 return Err(e);
             }
         };
         if let Start::Complete(meta) = start {
-            if let Some(lock) = lock {
-                lock.remove()?;
-            }
+            leave(lock, lease)?;
             return Ok(Begun::Complete(meta));
         }
         resume::init_work(&self.work, &self.recipe)?;
@@ -220,7 +230,7 @@ impl Steps {
         testhook::point("start");
         let manifest = Manifest::open(&self.out, matches!(start, Start::Fresh))?;
         let listed = manifest.lines.len() as u64;
-        Ok(Begun::Started(Driver { lock, manifest, listed }))
+        Ok(Begun::Started(Driver { lock, lease, manifest, listed }))
     }
 
     /// Any node: stage 1 of `files` (those a killed run finished are skipped) on `threads`
@@ -514,6 +524,9 @@ impl Steps {
         }
         if let Some(lock) = driver.lock.take() {
             lock.remove()?;
+        }
+        if let Some(lease) = driver.lease.take() {
+            lease.release()?;
         }
         Ok(meta)
     }

@@ -11,6 +11,7 @@
 //! (docs/storage.md). Secrets never reach an error message: `redact` removes them.
 
 pub mod client;
+pub mod lease;
 pub mod location;
 pub mod publish;
 pub mod read;
