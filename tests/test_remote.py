@@ -19,6 +19,7 @@ from support.corpus import make_docs, three_files
 from support.s3 import S3, every_get, uploads
 from support.steps import drive, step_args
 from tokshuf import _core
+from tokshuf._cli_status import build_status
 
 OPTS = dict(seqlen=64, chunk_size=16, progress=False)
 
@@ -310,7 +311,9 @@ def test_follow_a_build_into_the_store(s3: S3, tmp_path: Path, small_corpus: lis
     while the build still runs, and gets the local cache's batches."""
     args = step_args(small_corpus, s3.url("caches/follow"), local_cell_dir=str(tmp_path / "scratch"), shuffle=shuffle)
     local = tmp_path / "local"
-    tokshuf.build_cache(small_corpus, local, seqlen=64, chunk_size=16, num_local_cells=3, shuffle=shuffle, progress=False)
+    tokshuf.build_cache(
+        small_corpus, local, seqlen=64, chunk_size=16, num_local_cells=3, shuffle=shuffle, progress=False
+    )
     n = len(tokshuf.Cache(local)) // 8 + 3  # into the second epoch
     want = batches(tokshuf.Cache(local), n)
     done: Dict[str, float] = {}
@@ -357,3 +360,69 @@ def test_follow_a_dead_build_in_the_store(
     assert len(cache.get_batch(range(16))) == 16  # chunk 0 is there
     with pytest.raises(tokshuf.BuildNotRunningError, match=r"s3://.*caches/dead.*not running"):
         cache.get_batch([len(cache) - 1])
+
+
+# -- the command line on remote caches --------------------------------------------------------
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tokshuf", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_cli_verify_status_inspect_blend_take_urls(s3: S3, tmp_path: Path, small_corpus: list) -> None:
+    local = tmp_path / "local"
+    tokshuf.build_cache(small_corpus, local, **OPTS)
+    url = s3.url("caches/cli2")
+    _core._storage_publish(str(local), url)
+
+    for args in (["verify", url], ["verify", url, "--full"]):
+        r = run_cli(*args)
+        assert r.returncode == 0, r.stderr
+    status = json.loads(run_cli("status", url, "--json").stdout)
+    meta = json.loads((local / "tokshuf.json").read_text())
+    assert (status["status"], status["chunks_listed"], status["chunks_written"]) == (
+        "complete",
+        meta["num_chunks"],
+        meta["num_chunks"],
+    )
+    remote, here = (run_cli("inspect", c, "-n", "3").stdout.splitlines() for c in (url, str(local)))
+    assert remote[0] == url and remote[1:] == here[1:]
+    blend = run_cli("blend", f"{url}:0.25", f"{local}:0.75", "--json")
+    assert blend.returncode == 0, blend.stderr
+    assert [round(c["achieved"], 3) for c in json.loads(blend.stdout)["components"]] == [0.25, 0.75]
+
+    # A shard changed in the store: the same size is caught by --full; a cut one by any verify.
+    shard = sorted(p.name for p in local.glob("shard_*.tar"))[1]
+    data = bytearray((local / shard).read_bytes())
+    data[700] ^= 0xFF
+    s3.put(f"caches/cli2/{shard}", bytes(data))
+    assert run_cli("verify", url).returncode == 0
+    r = run_cli("verify", url, "--full")
+    assert r.returncode == 1 and shard in r.stdout and "sha256" in r.stdout
+    s3.put(f"caches/cli2/{shard}", bytes(data[:-1024]))
+    r = run_cli("verify", url)
+    assert r.returncode == 1 and shard in r.stdout
+
+
+def test_status_of_a_build_into_the_store(
+    s3: S3, tmp_path: Path, small_corpus: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TOKSHUF_REMOTE_LEASE", "1")
+    url = s3.url("caches/st")
+    steps = _core.BuildSteps(**step_args(small_corpus, url, local_cell_dir=str(tmp_path / "scratch")))
+    assert steps.begin("{}") is None
+    steps.stage1([0, 1], 1)
+    s = build_status(url)
+    assert (s["status"], s["stage"], s["files_done"], s["files_total"], s["running"]) == (
+        "building",
+        "tokenize",
+        2,
+        3,
+        True,
+    )
+    assert s["work_dir"] == url + "/.tokshuf-work"
+    steps.release()
+    time.sleep(1.5)  # the lease goes stale
+    assert build_status(url)["running"] is False
+    r = run_cli("status", url)
+    assert r.returncode == 0 and "not running" in r.stdout

@@ -33,7 +33,9 @@ def step_args(inputs: Sequence[Any], output: Any, **opts: Any) -> Dict[str, Any]
     return args
 
 
-def drive(args: Dict[str, Any], chunks_per_call: int = 2, files_per_call: int = 2, pause: float = 0.0) -> Dict[str, Any]:
+def drive(
+    args: Dict[str, Any], chunks_per_call: int = 2, files_per_call: int = 2, pause: float = 0.0
+) -> Dict[str, Any]:
     """Every step, as the Ray driver calls them, each task's step on a fresh ``BuildSteps``
     made from the driver's recipe (as a worker would); ``pause`` seconds after each group of
     chunks is listed (a slow build, for a reader to follow). Returns tokshuf.json."""

@@ -76,19 +76,6 @@ pub fn work_dir(output: &Path, local_cell_dir: Option<&Path>) -> Result<PathBuf>
     })
 }
 
-fn list(dir: &Path) -> Result<Vec<String>> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .map_err(|e| Error::io(dir, e))?
-        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
-        .collect();
-    names.sort();
-    Ok(names)
-}
-
-fn read_work_state(work: &Path) -> Option<WorkState> {
-    format::read_json(&work.join(WORK_STATE)).ok()
-}
-
 /// Decide what to do with the output (a folder, or a prefix in an object store), clearing it
 /// when starting over.
 pub fn prepare(out: &Place, work: &Place, recipe: &Recipe, overwrite: bool) -> Result<Start> {
@@ -227,24 +214,31 @@ pub fn manifest_prefix(output: &Path) -> Vec<format::ManifestLine> {
     std::fs::read(output.join(MANIFEST_NAME)).map(|b| super::manifest::prefix(&b)).unwrap_or_default()
 }
 
-/// Progress of a build (finished or not) in `output`, for `tokshuf status`.
+/// Progress of a build (finished or not) in `output` (a folder or an object-store URL), for
+/// `tokshuf status`.
 pub fn status(output: &Path, local_cell_dir: Option<&Path>) -> Result<Value> {
-    let meta_path = output.join(META_NAME);
-    let work = work_dir(output, local_cell_dir)?;
-    let (meta, recipe): (Option<Metadata>, Recipe) = if meta_path.exists() {
-        let m: Metadata = format::read_json(&meta_path)?;
-        let r = m.typed_recipe().ok_or_else(|| Error::corrupt(&meta_path, "no readable recipe"))?;
-        (Some(m), r)
-    } else if let Some(w) = read_work_state(&work) {
-        (None, w.recipe)
-    } else {
-        return Err(Error::Config(format!("{}: no tokshuf build here (no {META_NAME})", output.display())));
+    let scratch = local_cell_dir.map_or_else(std::env::temp_dir, Path::to_path_buf);
+    let out = Place::new(output, &scratch)?;
+    let work = match &out {
+        Place::Dir(p) => Place::Dir(work_dir(p, local_cell_dir)?),
+        Place::Store { .. } => out.child(WORK_NAME),
+    };
+    let (meta, recipe): (Option<Metadata>, Recipe) = match out.read_json::<Metadata>(META_NAME)? {
+        Some(m) => {
+            let r = m.typed_recipe().ok_or_else(|| Error::corrupt(out.location(META_NAME).to_string(), "no readable recipe"))?;
+            (Some(m), r)
+        }
+        None => match work.read_json::<WorkState>(WORK_STATE).ok().flatten() {
+            Some(w) => (None, w.recipe),
+            None => return Err(Error::Config(format!("{out}: no tokshuf build here (no {META_NAME})"))),
+        },
     };
     let status = meta.as_ref().map_or("starting", |m| m.status.as_str());
     let complete = status == "complete";
     let nfiles = recipe.inputs.len();
-    let files_done = if complete { nfiles } else { (0..nfiles).filter(|&f| stage1::summary_path(&work, f).exists()).count() };
-    let shards = if output.exists() { list(output)?.iter().filter(|n| n.starts_with("shard_") && n.ends_with(".tar")).count() } else { 0 };
+    let work_names = if complete { Vec::new() } else { work.names()? };
+    let files_done = if complete { nfiles } else { (0..nfiles).filter(|&f| work_names.binary_search(&stage1::summary_name(f)).is_ok()).count() };
+    let shards = out.names()?.iter().filter(|n| n.starts_with("shard_") && n.ends_with(".tar")).count();
     let stage = match status {
         "starting" | "building" => "tokenize",
         "streaming" => "tokenize and write (streaming)",
@@ -252,20 +246,30 @@ pub fn status(output: &Path, local_cell_dir: Option<&Path>) -> Result<Value> {
         "complete" => "complete",
         _ => "unknown",
     };
+    // Whether a build holds the lock (a folder) or renews the lease (a store) now: a dead build
+    // leaves status "building" behind. Unknown (null) for a store without a lease.
+    let running = match &out {
+        Place::Dir(p) => json!(crate::format::lock::build_state(p) == crate::format::lock::BuildState::Running),
+        Place::Store { .. } => match crate::storage::lease::state(&out.location(crate::format::LOCK_NAME)) {
+            crate::format::lock::BuildState::Running => json!(true),
+            crate::format::lock::BuildState::NotRunning => json!(false),
+            crate::format::lock::BuildState::Unknown => Value::Null,
+        },
+    };
+    let listed = super::manifest::prefix(&out.read(MANIFEST_NAME)?.unwrap_or_default()).len();
     Ok(json!({
-        "output": output.display().to_string(),
+        "output": out.to_string(),
         "status": status,
         "stage": stage,
         "files_done": files_done,
         "files_total": nfiles,
         "chunks_written": shards,
-        "chunks_listed": manifest_prefix(output).len(),
+        "chunks_listed": listed,
         "chunks_planned": meta.as_ref().and_then(|m| m.num_chunks),
         "contexts_planned": meta.as_ref().and_then(|m| m.num_contexts),
         "shuffle": recipe.shuffle,
-        // Whether a build holds the lock now (a dead build leaves status "building" behind).
-        "running": crate::format::lock::build_state(output) == crate::format::lock::BuildState::Running,
-        "work_dir": if work.exists() { json!(work.display().to_string()) } else { Value::Null },
+        "running": running,
+        "work_dir": if work_names.is_empty() { Value::Null } else { json!(work.to_string()) },
     }))
 }
 
