@@ -4,7 +4,6 @@ faults, and resumes after a failed upload without redoing what is already there.
 
 from __future__ import annotations
 
-import gzip
 import json
 import subprocess
 import sys
@@ -15,7 +14,8 @@ from typing import Any, Dict, List
 
 import pytest
 import tokshuf
-from support.corpus import make_docs, three_files
+from support.cache import same_except_input_names
+from support.corpus import multi_member_inputs, three_files
 from support.s3 import S3, every_get, uploads
 from support.steps import drive, step_args
 from tokshuf import _core
@@ -95,45 +95,9 @@ def test_another_cache_at_the_url_is_not_overwritten(s3: S3, tmp_path: Path, sma
 # -- inputs in a store ------------------------------------------------------------------------
 
 
-def multi_member_inputs(root: Path) -> List[Path]:
-    """The three small files plus a multi-member gzip and a multi-frame zstd file."""
-    zstandard = pytest.importorskip("zstandard")
-    files = three_files(root)
-    docs = [make_docs(30, s) for s in (11, 12, 13)]
-    lines = [("".join(json.dumps({"text": d}) + "\n" for d in part)).encode() for part in docs]
-    gz = root / "d.jsonl.gz"
-    gz.write_bytes(b"".join(gzip.compress(x, mtime=0) for x in lines))
-    zst = root / "e.jsonl.zst"
-    zst.write_bytes(b"".join(zstandard.ZstdCompressor().compress(x) for x in lines))
-    return sorted([*files, gz, zst])
-
-
 def upload_all(s3: S3, files: List[Path], prefix: str) -> None:
     for f in files:
         s3.put(f"{prefix}/{f.name}", f.read_bytes())
-
-
-def same_except_input_names(a: Path, b: Path) -> None:
-    """Two local caches: identical shards and manifest; tokshuf.json equal but for the input
-    names (and the run's own ``build`` figures)."""
-    names = sorted(p.name for p in a.iterdir() if p.is_file())
-    assert names == sorted(p.name for p in b.iterdir() if p.is_file())
-    for n in names:
-        if n != "tokshuf.json":
-            assert (a / n).read_bytes() == (b / n).read_bytes(), n
-    ma, mb = (json.loads((d / "tokshuf.json").read_text()) for d in (a, b))
-    assert strip_names(ma) == strip_names(mb)
-
-
-def strip_names(meta: Any) -> Any:
-    """tokshuf.json without ``build`` and with input paths cut to their file names."""
-    if isinstance(meta, dict):
-        return {k: strip_names(v) for k, v in meta.items() if k != "build"}
-    if isinstance(meta, list):
-        return [strip_names(v) for v in meta]
-    if isinstance(meta, str) and ("/" in meta) and meta.endswith((".jsonl", ".gz", ".zst")):
-        return meta.rsplit("/", 1)[1]
-    return meta
 
 
 def test_build_from_s3_inputs_equals_the_local_build(s3: S3, tmp_path: Path) -> None:
