@@ -169,8 +169,8 @@ def main() -> None:
         f"{results['local'][0]['meta']['num_chunks']} chunks; {a.cpus} CPUs in every configuration",
         "- every Ray cache byte-identical to the local one (tokshuf.json but `build`)",
         "",
-        "| engine | cluster start s | build s (median) | vs local | MB/s of text | connect s | pre-flight s | tokenize s | plan s | write s | process s | runs (build s) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| engine | cluster start s | build s (median) | vs local | MB/s of text | connect s | pre-flight s | tokenize s | plan s | regroup s | write s | process s | runs (build s) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     base = med(results["local"], "total_s")
     for name, runs in results.items():
@@ -181,6 +181,7 @@ def main() -> None:
         lines.append(
             f"| {name} | {start} | {build:.2f} | {overhead} | {text / 1e6 / build:.1f} | "
             f"{med(runs, 'connect_s'):.2f} | {med(runs, 'preflight_s'):.2f} | {med(runs, 'tokenize_s'):.2f} | {med(runs, 'plan_s'):.3f} | "
+            f"{med(runs, 'regroup_s'):.2f} | "
             f"{med(runs, 'write_s'):.2f} | {med(runs, 'wall_s'):.2f} | {each} |"
         )
     report = "\n".join(lines) + "\n"

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Tuple
 
@@ -49,6 +50,13 @@ def _where(i: int, _fault: bool = False) -> str:
 
     time.sleep(0.3)  # long enough that one node cannot take every task
     return ray.get_runtime_context().get_node_id()
+
+
+def _sleep(i: int, _fault: bool = False) -> int:
+    import time
+
+    time.sleep(30)
+    return i
 
 
 def _flaky(i: int, _fault: bool = False) -> int:
@@ -107,6 +115,13 @@ def test_preflight_names_the_path_a_node_cannot_see(cluster: LocalCluster, tmp_p
         _ray.preflight(session, [str(tmp_path), str(missing)], cpus=1)
     with pytest.raises(ConfigError, match="no Ray node has 2 CPUs"):
         _ray.preflight(session, [str(tmp_path)], cpus=2)
+    # The build does not wait for the check to start, but stops at the first node that fails.
+    slow = [_ray.Task(f"slow {i}", _sleep, (i,), 1) for i in range(3)]
+    check = _ray.Preflight(session, [str(missing)], cpus=1).poll
+    t = time.monotonic()
+    with pytest.raises(ConfigError, match=r"not-shared.*storage every node sees"):
+        _ray.run_stage(session, "slow", slow, _ray.Progress(False), lambda i, r: None, check=check)
+    assert time.monotonic() - t < 20
 
 
 def test_group_files_fills_groups_in_order() -> None:

@@ -301,29 +301,56 @@ def test_follow_a_build_into_the_store(s3: S3, tmp_path: Path, small_corpus: lis
     assert cache.following
 
 
+DEAD_DRIVER = """
+import json, sys, time
+from tokshuf import _core
+steps = _core.BuildSteps(**json.loads(sys.argv[1]))
+assert steps.begin("{}") is None
+steps.stage1(list(range(len(steps.input_sizes()))), 1)
+steps.plan_chunks(1, "{}")
+steps.add_lines(0, steps.stage2(0, 1, 1))
+steps.upload_manifest(now=True)
+print("listed", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("how", ["gave up", "killed"])
 def test_follow_a_dead_build_in_the_store(
-    s3: S3, tmp_path: Path, small_corpus: list, monkeypatch: pytest.MonkeyPatch
+    s3: S3, tmp_path: Path, small_corpus: list, monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
-    """A driver that stops renewing its lease (it died) before the cache is complete: a reader
-    waiting for a chunk learns that the build is not running, instead of waiting forever."""
+    """A driver stops before the cache is complete, after listing its first chunk: giving up
+    its lease (an error), or leaving it to go stale (SIGKILL; a lease of a second here). A
+    reader waiting for a later chunk learns that the build is not running, instead of waiting
+    forever."""
     monkeypatch.setenv("TOKSHUF_REMOTE_LEASE", "1")
-    url = s3.url("caches/dead")
+    url = s3.url(f"caches/dead-{how.replace(' ', '-')}")
     args = step_args(small_corpus, url, local_cell_dir=str(tmp_path / "scratch"), shuffle=False)
-    steps = _core.BuildSteps(**args)
-    assert steps.begin("{}") is None
-    # A second build refuses to start while the first one's lease is live.
-    with pytest.raises(tokshuf.OutputExistsError, match="another tokshuf build"):
-        _core.BuildSteps(**args).begin("{}")
-    steps.stage1(list(range(len(steps.input_sizes()))), 1)
-    chunks = steps.plan_chunks(1, "{}")
-    steps.add_lines(0, steps.stage2(0, 1, 1))
-    steps.upload_manifest(now=True)
-    steps.release()  # the lease stops being renewed, as when the driver dies
+    if how == "gave up":
+        steps = _core.BuildSteps(**args)
+        assert steps.begin("{}") is None
+        # A second build refuses to start while the first one's lease is live.
+        with pytest.raises(tokshuf.OutputExistsError, match="another tokshuf build"):
+            _core.BuildSteps(**args).begin("{}")
+        steps.stage1(list(range(len(steps.input_sizes()))), 1)
+        steps.plan_chunks(1, "{}")
+        steps.add_lines(0, steps.stage2(0, 1, 1))
+        steps.upload_manifest(now=True)
+        steps.release()
+    else:
+        cmd = [sys.executable, "-c", DEAD_DRIVER, json.dumps(args)]
+        with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) as driver:
+            try:
+                assert driver.stdout is not None and driver.stdout.readline().strip() == "listed"
+            finally:
+                driver.kill()
     cache = tokshuf.Cache(url, follow=True, timeout=60, cache_dir=tmp_path / "cc")
-    assert chunks > 1 and cache.following
+    assert cache.following and cache.num_chunks > 1
     assert len(cache.get_batch(range(16))) == 16  # chunk 0 is there
+    t = time.monotonic()
     with pytest.raises(tokshuf.BuildNotRunningError, match=r"s3://.*caches/dead.*not running"):
         cache.get_batch([len(cache) - 1])
+    assert time.monotonic() - t < 30
 
 
 # -- the command line on remote caches --------------------------------------------------------

@@ -89,7 +89,7 @@ def test_killed_driver_resumes_in_the_store_without_redoing_finished_work(
     first.regroup(list(range(first.spills()[0])), 1)
     first.add_lines(0, first.stage2(0, 2, 1))
     first.upload_manifest(now=True)
-    del first
+    first.release()  # it gives up its lease, as a driver stopped by an error does
     meta = json.loads(s3.get("caches/resume/tokshuf.json"))
     assert meta["status"] == "writing" and meta["num_chunks"] == chunks
     assert s3.get("caches/resume/manifest.jsonl").count(b"\n") == 2
@@ -125,12 +125,15 @@ def test_s3_inputs_into_s3_output(s3: S3, corpus: List[Path], tmp_path: Path) ->
     )
 
 
-def test_a_node_with_another_tokenizer_is_refused(tmp_path: Path, corpus: List[Path]) -> None:
+def test_a_node_with_another_tokenizer_or_version_is_refused(tmp_path: Path, corpus: List[Path]) -> None:
     args = step_args(corpus, tmp_path / "out")
     recipe = json.loads(_core.BuildSteps(**args).recipe_json)
-    recipe["tokenizer"]["sha256"] = "0" * 64
+    other = dict(recipe, tokenizer=dict(recipe["tokenizer"], sha256="0" * 64))
     with pytest.raises(tokshuf.ConfigError, match="same tokenizer file"):
-        _core.BuildSteps(recipe=json.dumps(recipe), **args)
+        _core.BuildSteps(recipe=json.dumps(other), **args)
+    other = dict(recipe, tokshuf_version="0.0.1")
+    with pytest.raises(tokshuf.ConfigError, match=r"the driver 0\.0\.1: install the same version"):
+        _core.BuildSteps(recipe=json.dumps(other), **args)
 
 
 WRITER = """

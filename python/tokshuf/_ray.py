@@ -18,6 +18,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -207,10 +208,9 @@ class Progress:
         sys.stderr.flush()
 
 
-def _node_check(paths: List[str], urls: List[str], version: str, args: Optional[Dict[str, Any]]) -> Dict[str, Any]:
-    """Runs on one node: which of ``paths`` it cannot see and of ``urls`` it cannot reach, its
-    tokshuf version, and (``args``) the build's tokenizer loaded into this worker process for
-    the tasks to come, with its identity."""
+def _node_check(paths: List[str], urls: List[str], version: str) -> Dict[str, Any]:
+    """Runs on one node: which of ``paths`` it cannot see and of ``urls`` it cannot reach, and
+    its tokshuf version."""
     from . import __version__, _core
 
     out: Dict[str, Any] = {
@@ -227,77 +227,75 @@ def _node_check(paths: List[str], urls: List[str], version: str, args: Optional[
             pass  # reachable, and nothing there yet
         except TokshufError as e:
             out["unreachable"].append(f"{url} ({e})")
-    if args is not None and out["version_ok"] and not out["missing"] and not out["unreachable"]:
-        try:
-            out["tokenizer"] = tuple(_core.BuildSteps.warm(**args))
-        except TokshufError as e:
-            out["error"] = e
     return out
 
 
-def preflight_start(
-    session: Session, paths: List[str], cpus: int, args: Optional[Dict[str, Any]] = None, urls: Sequence[str] = ()
-) -> Dict[str, Any]:
-    """Send the pre-flight check to every node that can run a task (see ``preflight``); it runs
-    while the driver loads the tokenizer and prepares the output folder."""
-    ray = session.ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+class Preflight:
+    """The check of every node that can run a task (see ``preflight``), sent at once and read
+    as answers come: the build does not wait for it to start stage 1, but stops at the first
+    node that fails it, and stage 2 starts only once every node has passed. (A task checks the
+    same things for itself: the driver's tokshuf version and tokenizer, the work folder.)"""
 
+    def __init__(self, session: Session, paths: List[str], cpus: int, urls: Sequence[str] = ()) -> None:
+        ray = session.ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from . import __version__
+
+        check = ray.remote(_node_check)
+        self.session = session
+        self.pending = {
+            check.options(
+                name=f"tokshuf preflight {n['NodeManagerAddress']}",
+                num_cpus=0,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=n["NodeID"], soft=False),
+            ).remote(paths, list(urls), __version__): n["NodeID"]
+            for n in session.nodes
+            if n["Resources"].get("CPU", 0) >= cpus
+        }
+        if not self.pending:
+            raise ConfigError(f"no Ray node has {cpus} CPUs for one task; lower threads (CPUs per task)")
+
+    def poll(self, wait: bool = False) -> None:
+        """Read the answers that have come (``wait``: all of them); a ConfigError for the
+        first node that failed."""
+        if not self.pending:
+            return
+        ray = self.session.ray
+        done, _ = ray.wait(list(self.pending), num_returns=len(self.pending), timeout=None if wait else 0)
+        problems = []
+        for ref in done:
+            problems += _node_problems(self.pending.pop(ref), ray.get(ref))
+        if problems:
+            raise ConfigError("; ".join(problems))
+
+
+def _node_problems(node_id: str, r: Dict[str, Any]) -> List[str]:
     from . import __version__
 
-    check = ray.remote(_node_check)
-    refs = {
-        n["NodeID"]: check.options(
-            name=f"tokshuf preflight {n['NodeManagerAddress']}",
-            num_cpus=0,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=n["NodeID"], soft=False),
-        ).remote(paths, list(urls), __version__, args)
-        for n in session.nodes
-        if n["Resources"].get("CPU", 0) >= cpus
-    }
-    if not refs:
-        raise ConfigError(f"no Ray node has {cpus} CPUs for one task; lower threads (CPUs per task)")
-    return refs
-
-
-def preflight_finish(session: Session, refs: Dict[str, Any], tokenizer: Optional[Tuple[str, str]] = None) -> None:
-    from . import __version__
-
+    where = f"node {node_id[:8]} ({r['host']})"
     problems = []
-    for node_id, ref in refs.items():
-        r = session.ray.get(ref)
-        where = f"node {node_id[:8]} ({r['host']})"
-        if r["missing"]:
-            problems.append(
-                f"{where} cannot see {', '.join(r['missing'])}: with engine='ray' the output folder, "
-                "the work folder (local_cell_dir) and the inputs must be on storage every node sees"
-            )
-        if r["unreachable"]:
-            problems.append(
-                f"{where} cannot reach {', '.join(r['unreachable'])}: every node needs the store's credentials "
-                "and endpoint (AWS_*, GOOGLE_*, AZURE_* in its environment when `ray start` runs, or an instance role)"
-            )
-        if not r["version_ok"]:
-            problems.append(f"{where} runs tokshuf {r['version']}, the driver {__version__}: install the same version")
-        if isinstance(r.get("error"), TokshufError):
-            raise r["error"]
-        if tokenizer is not None and r.get("tokenizer") not in (None, tuple(tokenizer)):
-            problems.append(
-                f"{where} loads another tokenizer (sha256 {r['tokenizer'][0][:12]}..., the driver's {tokenizer[0][:12]}...): "
-                "every node needs the same tokenizer file"
-            )
-    if problems:
-        raise ConfigError("; ".join(problems))
+    if r["missing"]:
+        problems.append(
+            f"{where} cannot see {', '.join(r['missing'])}: with engine='ray' the output folder, "
+            "the work folder (local_cell_dir) and the inputs must be on storage every node sees"
+        )
+    if r["unreachable"]:
+        problems.append(
+            f"{where} cannot reach {', '.join(r['unreachable'])}: every node needs the store's credentials "
+            "and endpoint (AWS_*, GOOGLE_*, AZURE_* in its environment when `ray start` runs, or an instance role)"
+        )
+    if not r["version_ok"]:
+        problems.append(f"{where} runs tokshuf {r['version']}, the driver {__version__}: install the same version")
+    return problems
 
 
-def preflight(
-    session: Session, paths: List[str], cpus: int, args: Optional[Dict[str, Any]] = None, urls: Sequence[str] = ()
-) -> None:
-    """Before any work: every node sees ``paths`` (the output folder, an input; each task then
-    checks the work folder) and reaches ``urls`` (an input, the output in an object store),
-    runs this tokshuf version, and can load the tokenizer. A node that cannot would fail every
-    task sent to it, or worse, write to a folder no other node reads."""
-    preflight_finish(session, preflight_start(session, paths, cpus, args, urls))
+def preflight(session: Session, paths: List[str], cpus: int, urls: Sequence[str] = ()) -> None:
+    """Every node sees ``paths`` (the output folder, an input; each task then checks the work
+    folder) and reaches ``urls`` (an input, the output in an object store), and runs this
+    tokshuf version. A node that cannot would fail every task sent to it, or worse, write to a
+    folder no other node reads."""
+    Preflight(session, paths, cpus, urls).poll(wait=True)
 
 
 def _existing(path: str) -> str:
@@ -346,11 +344,13 @@ def run_stage(
     progress: Progress,
     on_done: Callable[[int, Any], None],
     on_idle: Optional[Callable[[], None]] = None,
+    check: Optional[Callable[[], None]] = None,
 ) -> StageResult:
     """Run ``tasks`` on the cluster, results by task index; ``on_done`` is called on the driver
-    as each finishes (progress, manifest lines), ``on_idle`` when none has for a second. A
-    failure that the input or options cause is raised at once with its own type; any other is
-    retried up to MAX_ATTEMPTS times."""
+    as each finishes (progress, manifest lines), ``on_idle`` when none has for a second,
+    ``check`` at every turn (it may raise to stop the stage). A failure that the input or
+    options cause is raised at once with its own type; any other is retried up to
+    MAX_ATTEMPTS times."""
     ray = session.ray
     t0 = time.monotonic()
     remote = {}
@@ -368,6 +368,8 @@ def run_stage(
     retries = 0
     try:
         while pending:
+            if check is not None:
+                check()
             done, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
             if not done:
                 if on_idle is not None:
@@ -477,7 +479,23 @@ def build(args: Dict[str, Any], options: RayOptions, progress: bool) -> Dict[str
     from . import _core
 
     t0 = time.monotonic()
-    session = connect(options.address)
+    # The recipe (the tokenizer loaded, the inputs listed) is made while Ray loads and joins
+    # the cluster: BuildSteps releases the GIL, importing Ray mostly holds it.
+    planned: Dict[str, Any] = {}
+
+    def plan() -> None:
+        try:
+            planned["steps"] = _core.BuildSteps(**args)
+        except BaseException as e:  # raised on the driver's thread below
+            planned["error"] = e
+
+    planner = threading.Thread(target=plan, name="tokshuf-recipe")
+    planner.start()
+    try:
+        session = connect(options.address)
+    except BaseException:
+        planner.join()
+        raise
     try:
         connect_s = time.monotonic() - t0
         cpus = options.cpus_per_task or default_cpus_per_task(session.nodes)
@@ -485,21 +503,22 @@ def build(args: Dict[str, Any], options: RayOptions, progress: bool) -> Dict[str
         first = [os.fspath(p) for p in args["inputs"][:1]]
         paths = [p for p in first if not is_url(p)] + ([] if is_url(output) else [_existing(output)])
         urls = [u for u in first if is_url(u)] + ([f"{output.rstrip('/')}/tokshuf.json"] if is_url(output) else [])
-        checks = preflight_start(session, paths, cpus, args, urls)
-        steps = _core.BuildSteps(**args)
+        checks = Preflight(session, paths, cpus, urls)
+        planner.join()
+        if "error" in planned:
+            raise planned["error"]
+        steps = planned["steps"]
         record: Dict[str, Any] = {"engine": "ray", "nodes": len(session.nodes), "cpus": session.cpus}
         done_meta = steps.begin(json.dumps(record))
         if done_meta is not None:
             return json.loads(done_meta)
         try:
-            t = time.monotonic()
-            preflight_finish(session, checks, _core.BuildSteps.warm(**args))
-            preflight_s = time.monotonic() - t
-            return _run(session, steps, args, options, cpus, progress, t0, connect_s, preflight_s)
+            return _run(session, steps, args, options, cpus, progress, t0, connect_s, checks)
         except BaseException:
             steps.release()
             raise
     finally:
+        planner.join()
         session.close()
 
 
@@ -512,7 +531,7 @@ def _run(
     progress: bool,
     t0: float,
     connect_s: float,
-    preflight_s: float,
+    checks: Preflight,
 ) -> Dict[str, Any]:
     bar = Progress(progress)
     slots = max(1, session.cpus // cpus)
@@ -536,8 +555,12 @@ def _run(
     def on_stage1(i: int, result: List[Dict[str, int]]) -> None:
         bar.advance(len(result), sum(sizes[r["file"]] for r in result), sum(r["num_tokens"] for r in result))
 
-    stages["tokenize"] = run_stage(session, "stage1", tasks, bar, on_stage1)
+    stages["tokenize"] = run_stage(session, "stage1", tasks, bar, on_stage1, check=checks.poll)
     bar.end()
+    # Every node has passed the pre-flight check before anything is written into the cache.
+    t = time.monotonic()
+    checks.poll(wait=True)
+    preflight_s = time.monotonic() - t
 
     # The chunk plan, on the driver.
     t = time.monotonic()

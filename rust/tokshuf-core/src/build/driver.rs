@@ -132,6 +132,13 @@ impl Steps {
         opts.validate()?;
         let tok = load_tokenizer(&opts)?;
         let recipe = match recipe {
+            Some(r) if r.tokshuf_version != format::VERSION => {
+                return Err(Error::Config(format!(
+                    "this machine runs tokshuf {}, the driver {}: install the same version on every node",
+                    format::VERSION,
+                    r.tokshuf_version
+                )))
+            }
             Some(r) if r.tokenizer.sha256 != tok.sha256 || r.tokenizer.backend != tok.backend => {
                 return Err(Error::Config(format!(
                     "{}: this machine's tokenizer is not the driver's ({} {}, here {} {}); every node needs the same tokenizer file",

@@ -5,9 +5,10 @@
 //! every sixth of the lease time while it runs (a thread of its own), and removes it when the
 //! cache is complete. A reader following the build takes a lease that has not been renewed for
 //! the lease time as a build that died; a second build refuses to start while a live lease is
-//! there. The lease time is `TOKSHUF_REMOTE_LEASE` seconds (default 60); it relies on the
-//! machines' clocks agreeing to well within that. Stores offer no lock: two builds started
-//! within the same few seconds are not told apart.
+//! there (unless its holder ran on the same machine and is gone: a killed driver run again
+//! where it ran resumes at once). The lease time is `TOKSHUF_REMOTE_LEASE` seconds (default
+//! 60); it relies on the machines' clocks agreeing to well within that. Stores offer no lock:
+//! two builds started within the same few seconds are not told apart.
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -44,9 +45,22 @@ fn read(loc: &Location) -> Result<Option<Record>> {
     Ok(serde_json::from_slice(&bytes).ok())
 }
 
-fn write(loc: &Location) -> Result<()> {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string();
-    let record = Record { host, pid: std::process::id(), renewed_ms: now_ms() };
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string()
+}
+
+/// The holder ran on this machine and its process is gone: a driver killed here, run again
+/// here, need not wait for its lease to go stale.
+fn died_here(r: &Record) -> bool {
+    // SAFETY: kill with signal 0 only asks whether the process exists.
+    r.host == hostname() && r.pid != std::process::id() && unsafe { libc::kill(r.pid as libc::pid_t, 0) } != 0 && {
+        std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+    }
+}
+
+/// Write the lease as renewed now, or (`live` false) as given up: stale at once.
+fn write(loc: &Location, live: bool) -> Result<()> {
+    let record = Record { host: hostname(), pid: std::process::id(), renewed_ms: if live { now_ms() } else { 0 } };
     put_bytes(serde_json::to_vec(&record).unwrap_or_default(), loc)
 }
 
@@ -70,6 +84,7 @@ pub struct Lease {
     loc: Location,
     stop: Arc<(Mutex<bool>, Condvar)>,
     renewer: Option<JoinHandle<()>>,
+    released: bool,
 }
 
 impl Lease {
@@ -77,7 +92,7 @@ impl Lease {
     /// renews it.
     pub fn take(loc: Location, output: &str) -> Result<Lease> {
         if let Some((ms, r)) = age(&loc)? {
-            if ms <= lease_time().as_millis() as u64 {
+            if ms <= lease_time().as_millis() as u64 && !died_here(&r) {
                 return Err(Error::OutputExists(format!(
                     "{output}: another tokshuf build is writing into this prefix (process {} on {}, lease renewed {:.0} s ago); \
                      wait for it to finish or stop it",
@@ -87,7 +102,7 @@ impl Lease {
                 )));
             }
         }
-        write(&loc)?;
+        write(&loc, true)?;
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
         let (l, s) = (loc.clone(), stop.clone());
         let every = lease_time() / 6;
@@ -101,12 +116,12 @@ impl Lease {
                     if !*stopped {
                         // A failed renewal is retried at the next turn; a lease that goes
                         // stale meanwhile only makes followers give up early.
-                        let _ = write(&l);
+                        let _ = write(&l, true);
                     }
                 }
             })
             .map_err(|e| Error::Config(format!("cannot start a thread: {e}")))?;
-        Ok(Lease { loc, stop, renewer: Some(renewer) })
+        Ok(Lease { loc, stop, renewer: Some(renewer), released: false })
     }
 
     fn stop_renewing(&mut self) {
@@ -121,14 +136,19 @@ impl Lease {
     /// The cache is complete: stop renewing and remove the lease.
     pub fn release(mut self) -> Result<()> {
         self.stop_renewing();
+        self.released = true;
         delete(&self.loc)
     }
 }
 
 impl Drop for Lease {
-    /// A build that stops without completing leaves its lease to go stale: followers then
-    /// learn that it died.
+    /// A build that stops without completing (an error, Ctrl-C) marks its lease stale: its
+    /// followers learn at once that it stopped, and the same build run again starts at once.
+    /// (A build killed outright leaves a lease that goes stale by itself.)
     fn drop(&mut self) {
         self.stop_renewing();
+        if !self.released {
+            let _ = write(&self.loc, false);
+        }
     }
 }
