@@ -46,17 +46,9 @@ def cluster() -> Iterator[LocalCluster]:
 
 
 def _where(i: int, _fault: bool = False) -> str:
-    import time
 
     time.sleep(0.3)  # long enough that one node cannot take every task
     return ray.get_runtime_context().get_node_id()
-
-
-def _sleep(i: int, _fault: bool = False) -> int:
-    import time
-
-    time.sleep(30)
-    return i
 
 
 def _flaky(i: int, _fault: bool = False) -> int:
@@ -106,22 +98,30 @@ def test_input_error_is_raised_with_its_type_not_retried(cluster: LocalCluster) 
         _ray.run_stage(session, "bad", tasks, _ray.Progress(False), lambda i, r: None)
 
 
+def _probe(work: str, paths: List[str], urls: List[str], _fault: bool = False) -> bool:
+    _ray._CHECKED.clear()  # a fresh build for this worker process
+    _ray._check_node(work, paths, urls)
+    return True
+
+
 @pytest.mark.slow
-def test_preflight_names_the_path_a_node_cannot_see(cluster: LocalCluster, tmp_path: Path) -> None:
+def test_a_node_that_cannot_see_or_reach_a_path_stops_the_build(cluster: LocalCluster, tmp_path: Path) -> None:
+    """A task checks its node before its first work (the work folder, an input, the output):
+    a node that fails is named in a ConfigError that stops the stage at once."""
     session = _ray.connect("auto")
-    _ray.preflight(session, [str(tmp_path)], cpus=1)
+    ok = [_ray.Task(f"ok {i}", _probe, (str(tmp_path), [str(tmp_path)], []), 1) for i in range(3)]
+    assert _ray.run_stage(session, "probe", ok, _ray.Progress(False), lambda i, r: None).results == [True] * 3
     missing = tmp_path / "not-shared"
-    with pytest.raises(ConfigError, match=r"not-shared.*storage every node sees"):
-        _ray.preflight(session, [str(tmp_path), str(missing)], cpus=1)
+    bad = [_ray.Task(f"bad {i}", _probe, (str(tmp_path), [str(missing)], []), 1) for i in range(3)]
+    with pytest.raises(ConfigError, match=r"^node [0-9a-f]{8} \(.*\) cannot see .*not-shared.*storage every node sees"):
+        _ray.run_stage(session, "probe", bad, _ray.Progress(False), lambda i, r: None)
+    # A store this node has no configuration for (no Azure account here): never contacted.
+    url = "az://container/cache/tokshuf.json"
+    unreachable = [_ray.Task("store", _probe, (str(tmp_path), [], [url]), 1)]
+    with pytest.raises(ConfigError, match=r"cannot reach az://container/cache/tokshuf.json .*credentials and endpoint"):
+        _ray.run_stage(session, "probe", unreachable, _ray.Progress(False), lambda i, r: None)
     with pytest.raises(ConfigError, match="no Ray node has 2 CPUs"):
-        _ray.preflight(session, [str(tmp_path)], cpus=2)
-    # The build does not wait for the check to start, but stops at the first node that fails.
-    slow = [_ray.Task(f"slow {i}", _sleep, (i,), 1) for i in range(3)]
-    check = _ray.Preflight(session, [str(missing)], cpus=1).poll
-    t = time.monotonic()
-    with pytest.raises(ConfigError, match=r"not-shared.*storage every node sees"):
-        _ray.run_stage(session, "slow", slow, _ray.Progress(False), lambda i, r: None, check=check)
-    assert time.monotonic() - t < 20
+        _ray.build({"inputs": [], "output": str(tmp_path / "x")}, _ray.RayOptions(cpus_per_task=2), progress=False)
 
 
 def test_group_files_fills_groups_in_order() -> None:
@@ -234,7 +234,7 @@ def test_ray_build_is_byte_identical_to_local(
     assert (b["engine"], b["nodes"], b["cpus"], b["retries"]) == ("ray", 3, 3, 0)
     assert b["tasks"]["tokenize"] >= len(corpus) // files_per_task
     assert b["tasks"]["write"] == -(-want["num_chunks"] // chunks_per_task)
-    assert set(b["durations"]) == {"connect_s", "preflight_s", "tokenize_s", "plan_s", "regroup_s", "write_s"}
+    assert set(b["durations"]) == {"connect_s", "tokenize_s", "plan_s", "regroup_s", "write_s"}
     # Run again: the complete cache is confirmed, not rebuilt.
     assert ray_build(corpus, tmp_path / "ray", options, **opts)["build"] == b
 

@@ -208,110 +208,49 @@ class Progress:
         sys.stderr.flush()
 
 
-def _node_check(paths: List[str], urls: List[str], version: str) -> Dict[str, Any]:
-    """Runs on one node: which of ``paths`` it cannot see and of ``urls`` it cannot reach, and
-    its tokshuf version."""
-    from . import __version__, _core
+def _node_problems(paths: Sequence[str], urls: Sequence[str]) -> List[str]:
+    """What keeps this node from taking part: ``paths`` it cannot see, ``urls`` it cannot reach."""
+    from . import _core
 
-    out: Dict[str, Any] = {
-        "host": socket.gethostname(),
-        "missing": [p for p in paths if not os.path.exists(p)],
-        "unreachable": [],
-        "version": __version__,
-        "version_ok": __version__ == version,
-    }
+    problems = []
+    missing = [p for p in paths if not os.path.exists(p)]
+    if missing:
+        problems.append(
+            f"cannot see {', '.join(missing)}: with engine='ray' the output folder, the work folder "
+            "(local_cell_dir) and the inputs must be on storage every node sees"
+        )
     for url in urls:
         try:
             _core._storage_head(url)
         except InputNotFoundError:
             pass  # reachable, and nothing there yet
         except TokshufError as e:
-            out["unreachable"].append(f"{url} ({e})")
-    return out
-
-
-class Preflight:
-    """The check of every node that can run a task (see ``preflight``), sent at once and read
-    as answers come: the build does not wait for it to start stage 1, but stops at the first
-    node that fails it, and stage 2 starts only once every node has passed. (A task checks the
-    same things for itself: the driver's tokshuf version and tokenizer, the work folder.)"""
-
-    def __init__(self, session: Session, paths: List[str], cpus: int, urls: Sequence[str] = ()) -> None:
-        ray = session.ray
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        from . import __version__
-
-        check = ray.remote(_node_check)
-        self.session = session
-        self.pending = {
-            check.options(
-                name=f"tokshuf preflight {n['NodeManagerAddress']}",
-                num_cpus=0,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=n["NodeID"], soft=False),
-            ).remote(paths, list(urls), __version__): n["NodeID"]
-            for n in session.nodes
-            if n["Resources"].get("CPU", 0) >= cpus
-        }
-        if not self.pending:
-            raise ConfigError(f"no Ray node has {cpus} CPUs for one task; lower threads (CPUs per task)")
-
-    def poll(self, wait: bool = False) -> None:
-        """Read the answers that have come (``wait``: all of them); a ConfigError for the
-        first node that failed."""
-        if not self.pending:
-            return
-        ray = self.session.ray
-        done, _ = ray.wait(list(self.pending), num_returns=len(self.pending), timeout=None if wait else 0)
-        problems = []
-        for ref in done:
-            problems += _node_problems(self.pending.pop(ref), ray.get(ref))
-        if problems:
-            raise ConfigError("; ".join(problems))
-
-
-def _node_problems(node_id: str, r: Dict[str, Any]) -> List[str]:
-    from . import __version__
-
-    where = f"node {node_id[:8]} ({r['host']})"
-    problems = []
-    if r["missing"]:
-        problems.append(
-            f"{where} cannot see {', '.join(r['missing'])}: with engine='ray' the output folder, "
-            "the work folder (local_cell_dir) and the inputs must be on storage every node sees"
-        )
-    if r["unreachable"]:
-        problems.append(
-            f"{where} cannot reach {', '.join(r['unreachable'])}: every node needs the store's credentials "
-            "and endpoint (AWS_*, GOOGLE_*, AZURE_* in its environment when `ray start` runs, or an instance role)"
-        )
-    if not r["version_ok"]:
-        problems.append(f"{where} runs tokshuf {r['version']}, the driver {__version__}: install the same version")
+            problems.append(
+                f"cannot reach {url} ({e}): every node needs the store's credentials and endpoint "
+                "(AWS_*, GOOGLE_*, AZURE_* in its environment when `ray start` runs, or an instance role)"
+            )
     return problems
 
 
-def preflight(session: Session, paths: List[str], cpus: int, urls: Sequence[str] = ()) -> None:
-    """Every node sees ``paths`` (the output folder, an input; each task then checks the work
-    folder) and reaches ``urls`` (an input, the output in an object store), and runs this
-    tokshuf version. A node that cannot would fail every task sent to it, or worse, write to a
-    folder no other node reads."""
-    Preflight(session, paths, cpus, urls).poll(wait=True)
+# Builds whose node check this worker process has passed (by work folder).
+_CHECKED: Dict[str, bool] = {}
 
 
-def _existing(path: str) -> str:
-    """``path``, or its nearest existing ancestor (the output folder may not exist yet)."""
-    p = os.path.abspath(path)
-    while not os.path.exists(p) and os.path.dirname(p) != p:
-        p = os.path.dirname(p)
-    return p
-
-
-def _check_work(steps: Any) -> None:
-    if not is_url(steps.work) and not os.path.isdir(steps.work):
-        raise ConfigError(
-            f"{socket.gethostname()} cannot see the work folder {steps.work}: with engine='ray' it must be "
-            "on storage every node sees (local_cell_dir on a node's own disk cannot be used)"
-        )
+def _check_node(work: str, paths: Sequence[str], urls: Sequence[str]) -> None:
+    """Before a worker process's first task of a build: its node sees the work folder and
+    ``paths`` (an input, the output folder) and reaches ``urls`` (an input, the output in a
+    store). A node that cannot would fail every task sent to it, or worse, write to a folder no
+    other node reads: the ConfigError naming it stops the build at once (a failure of the
+    options is never retried). The tokshuf version and the tokenizer are checked against the
+    driver's when the task opens the build's steps."""
+    if work in _CHECKED:
+        return
+    problems = _node_problems([*paths, *([] if is_url(work) else [work])], urls)
+    if problems:
+        ray = import_ray()
+        node = f"node {ray.get_runtime_context().get_node_id()[:8]} ({socket.gethostname()})"
+        raise ConfigError("; ".join(f"{node} {p}" for p in problems))
+    _CHECKED[work] = True
 
 
 def _unwrap(ray: Any, err: BaseException) -> BaseException:
@@ -344,13 +283,11 @@ def run_stage(
     progress: Progress,
     on_done: Callable[[int, Any], None],
     on_idle: Optional[Callable[[], None]] = None,
-    check: Optional[Callable[[], None]] = None,
 ) -> StageResult:
     """Run ``tasks`` on the cluster, results by task index; ``on_done`` is called on the driver
-    as each finishes (progress, manifest lines), ``on_idle`` when none has for a second,
-    ``check`` at every turn (it may raise to stop the stage). A failure that the input or
-    options cause is raised at once with its own type; any other is retried up to
-    MAX_ATTEMPTS times."""
+    as each finishes (progress, manifest lines), ``on_idle`` when none has for a second. A
+    failure that the input or options cause is raised at once with its own type; any other is
+    retried up to MAX_ATTEMPTS times."""
     ray = session.ray
     t0 = time.monotonic()
     remote = {}
@@ -368,8 +305,6 @@ def run_stage(
     retries = 0
     try:
         while pending:
-            if check is not None:
-                check()
             done, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
             if not done:
                 if on_idle is not None:
@@ -418,10 +353,19 @@ def build_record(session: Session, cpus_per_task: int, stages: Dict[str, StageRe
 _STEPS: Dict[str, Any] = {}
 
 
-def _steps(args: Dict[str, Any], recipe: Optional[str] = None) -> Any:
+# What a task checks of its node (`_check_node`): paths it must see, URLs it must reach.
+Probe = Tuple[List[str], List[str]]
+
+
+def _steps(args: Dict[str, Any], recipe: Optional[str] = None, probe: Optional[Probe] = None) -> Any:
     """The build's steps in this process; ``recipe`` (the driver's, as JSON): no input is
-    listed or sized again."""
+    listed or sized again; ``probe``: what this node must see first (`_check_node`)."""
     from . import _core
+
+    if probe is not None:
+        steps = _steps(args, recipe)
+        _check_node(steps.work, *probe)
+        return steps
 
     tok = str(args.get("tokenizer", ""))
     stamp = (os.stat(tok).st_size, os.stat(tok).st_mtime_ns) if os.path.isfile(tok) else None
@@ -440,13 +384,14 @@ def _task_threads() -> int:
     return max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
 
 
-def _stage1_task(args: Dict[str, Any], recipe: str, files: List[int], _fault: bool = False) -> List[Dict[str, int]]:
+def _stage1_task(
+    args: Dict[str, Any], recipe: str, probe: Probe, files: List[int], _fault: bool = False
+) -> List[Dict[str, int]]:
     """Tokenize ``files`` into their spills; returns a few figures per file (the summaries
     themselves stay on storage for the driver's chunk plan)."""
     if _fault:
         raise OSError(f"injected fault in stage 1, files {files} ({FAULT_ENV})")
-    steps = _steps(args, recipe)
-    _check_work(steps)
+    steps = _steps(args, recipe, probe)
     out = []
     for f, text in zip(files, steps.stage1(files, _task_threads())):
         s = json.loads(text)
@@ -454,23 +399,21 @@ def _stage1_task(args: Dict[str, Any], recipe: str, files: List[int], _fault: bo
     return out
 
 
-def _regroup_task(args: Dict[str, Any], recipe: str, files: List[int], _fault: bool = False) -> List[int]:
+def _regroup_task(args: Dict[str, Any], recipe: str, probe: Probe, files: List[int], _fault: bool = False) -> List[int]:
     """Rewrite the spills of ``files`` in cell order; returns the files."""
     if _fault:
         raise OSError(f"injected fault in regroup, files {files} ({FAULT_ENV})")
-    steps = _steps(args, recipe)
-    _check_work(steps)
-    steps.regroup(files, _task_threads())
+    _steps(args, recipe, probe).regroup(files, _task_threads())
     return files
 
 
-def _stage2_task(args: Dict[str, Any], recipe: str, first: int, last: int, _fault: bool = False) -> List[str]:
+def _stage2_task(
+    args: Dict[str, Any], recipe: str, probe: Probe, first: int, last: int, _fault: bool = False
+) -> List[str]:
     """Write chunks ``first..last``; returns their manifest lines (JSON)."""
     if _fault:
         raise OSError(f"injected fault in stage 2, chunks {first}-{last - 1} ({FAULT_ENV})")
-    steps = _steps(args, recipe)
-    _check_work(steps)
-    return list(steps.stage2(first, last, _task_threads()))
+    return list(_steps(args, recipe, probe).stage2(first, last, _task_threads()))
 
 
 def build(args: Dict[str, Any], options: RayOptions, progress: bool) -> Dict[str, Any]:
@@ -499,11 +442,13 @@ def build(args: Dict[str, Any], options: RayOptions, progress: bool) -> Dict[str
     try:
         connect_s = time.monotonic() - t0
         cpus = options.cpus_per_task or default_cpus_per_task(session.nodes)
+        if not any(n["Resources"].get("CPU", 0) >= cpus for n in session.nodes):
+            raise ConfigError(f"no Ray node has {cpus} CPUs for one task; lower threads (CPUs per task)")
+        # What every node must see (the output folder exists once `begin` ran) or reach.
         output = os.fspath(args["output"])
         first = [os.fspath(p) for p in args["inputs"][:1]]
-        paths = [p for p in first if not is_url(p)] + ([] if is_url(output) else [_existing(output)])
+        paths = [p for p in [*first, output] if not is_url(p)]
         urls = [u for u in first if is_url(u)] + ([f"{output.rstrip('/')}/tokshuf.json"] if is_url(output) else [])
-        checks = Preflight(session, paths, cpus, urls)
         planner.join()
         if "error" in planned:
             raise planned["error"]
@@ -513,7 +458,7 @@ def build(args: Dict[str, Any], options: RayOptions, progress: bool) -> Dict[str
         if done_meta is not None:
             return json.loads(done_meta)
         try:
-            return _run(session, steps, args, options, cpus, progress, t0, connect_s, checks)
+            return _run(session, steps, args, options, cpus, progress, t0, connect_s, (paths, urls))
         except BaseException:
             steps.release()
             raise
@@ -531,7 +476,7 @@ def _run(
     progress: bool,
     t0: float,
     connect_s: float,
-    checks: Preflight,
+    probe: Probe,
 ) -> Dict[str, Any]:
     bar = Progress(progress)
     slots = max(1, session.cpus // cpus)
@@ -546,7 +491,7 @@ def _run(
     target = options.task_bytes or default_task_bytes(sum(sizes[f] for f in todo), slots)
     groups = [[todo[i] for i in g] for g in group_files([sizes[f] for f in todo], target)]
     tasks = [
-        Task(task_name("stage1", i, len(groups), span(g, "files")), _stage1_task, (args, recipe, g), cpus)
+        Task(task_name("stage1", i, len(groups), span(g, "files")), _stage1_task, (args, recipe, probe, g), cpus)
         for i, g in enumerate(groups)
     ]
     bar.start("tokenize", len(sizes))
@@ -555,12 +500,8 @@ def _run(
     def on_stage1(i: int, result: List[Dict[str, int]]) -> None:
         bar.advance(len(result), sum(sizes[r["file"]] for r in result), sum(r["num_tokens"] for r in result))
 
-    stages["tokenize"] = run_stage(session, "stage1", tasks, bar, on_stage1, check=checks.poll)
+    stages["tokenize"] = run_stage(session, "stage1", tasks, bar, on_stage1)
     bar.end()
-    # Every node has passed the pre-flight check before anything is written into the cache.
-    t = time.monotonic()
-    checks.poll(wait=True)
-    preflight_s = time.monotonic() - t
 
     # The chunk plan, on the driver.
     t = time.monotonic()
@@ -574,7 +515,7 @@ def _run(
         spill_sizes = [*sizes, 0][:nspills]
         groups = group_files(spill_sizes, options.task_bytes or default_task_bytes(sum(spill_sizes), slots))
         tasks = [
-            Task(task_name("regroup", i, len(groups), span(g, "files")), _regroup_task, (args, recipe, g), cpus)
+            Task(task_name("regroup", i, len(groups), span(g, "files")), _regroup_task, (args, recipe, probe, g), cpus)
             for i, g in enumerate(groups)
         ]
         bar.start("regroup", nspills)
@@ -588,7 +529,12 @@ def _run(
     per = options.chunks_per_task or default_chunks_per_task(num_chunks - listed, slots)
     ranges = [(listed + a, listed + b) for a, b in group_chunks(num_chunks - listed, per)]
     tasks = [
-        Task(task_name("stage2", i, len(ranges), span([a, b - 1], "chunks")), _stage2_task, (args, recipe, a, b), cpus)
+        Task(
+            task_name("stage2", i, len(ranges), span([a, b - 1], "chunks")),
+            _stage2_task,
+            (args, recipe, probe, a, b),
+            cpus,
+        )
         for i, (a, b) in enumerate(ranges)
     ]
     bar.start("write", num_chunks)
@@ -605,7 +551,6 @@ def _run(
     record = build_record(session, cpus, stages, t0)
     record["durations"] = {
         "connect_s": connect_s,
-        "preflight_s": preflight_s,
         "tokenize_s": stages["tokenize"].seconds,
         "plan_s": plan_s,
         "regroup_s": stages["regroup"].seconds if "regroup" in stages else 0.0,

@@ -77,7 +77,7 @@ impl BuildSteps {
         match run_detached(py, move |_| steps.begin(&build))? {
             Begun::Complete(meta) => Ok(Some(String::from_utf8_lossy(&meta.to_bytes()).into_owned())),
             Begun::Started(driver) => {
-                *self.driver.lock().map_err(|_| no_driver())? = Some(driver);
+                *self.driver.lock().map_err(|_| no_driver())? = Some(*driver);
                 Ok(None)
             }
         }

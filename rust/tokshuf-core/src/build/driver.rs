@@ -68,7 +68,7 @@ pub struct Driver {
 
 pub enum Begun {
     Complete(Box<Metadata>),
-    Started(Driver),
+    Started(Box<Driver>),
 }
 
 /// What the steps after stage 1 need, written once by the driver.
@@ -237,7 +237,7 @@ impl Steps {
         testhook::point("start");
         let manifest = Manifest::open(&self.out, matches!(start, Start::Fresh))?;
         let listed = manifest.lines.len() as u64;
-        Ok(Begun::Started(Driver { lock, lease, manifest, listed }))
+        Ok(Begun::Started(Box::new(Driver { lock, lease, manifest, listed })))
     }
 
     /// Any node: stage 1 of `files` (those a killed run finished are skipped) on `threads`

@@ -347,7 +347,7 @@ pub fn timeout(seconds: Option<f64>) -> Result<Option<Duration>> {
 /// build waits for its chunk plan; a streaming one opens at once.
 pub fn open(root: &Path, check_files: bool, timeout: Option<Duration>, cancel: &AtomicBool) -> Result<Cache> {
     match open_watched(Arc::new(LocalWatch(root.to_path_buf())), timeout, cancel)? {
-        Opened::Following(cache) => Ok(cache),
+        Opened::Following(cache) => Ok(*cache),
         Opened::Complete => Cache::open_with(root, check_files),
     }
 }
@@ -355,7 +355,7 @@ pub fn open(root: &Path, check_files: bool, timeout: Option<Duration>, cancel: &
 /// What `open_watched` found.
 pub enum Opened {
     /// The build is running (or stopped unfinished): the cache, following it.
-    Following(Cache),
+    Following(Box<Cache>),
     /// The cache is complete: open it as usual.
     Complete,
 }
@@ -398,7 +398,7 @@ pub fn open_watched(watch: Arc<dyn Watch>, timeout: Option<Duration>, cancel: &A
         // Finished meanwhile: the usual open checks everything.
         return Ok(Opened::Complete);
     }
-    Ok(Opened::Following(Cache::from_parts(&root, meta, chunks, None, Some((Arc::new(follow), plan_final)))))
+    Ok(Opened::Following(Box::new(Cache::from_parts(&root, meta, chunks, None, Some((Arc::new(follow), plan_final))))))
 }
 
 /// Per-stream prefix sums over the chunks known so far (endless order while streaming).

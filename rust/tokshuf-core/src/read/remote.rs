@@ -196,7 +196,7 @@ pub fn open_remote_follow(
         Opened::Complete => open_remote(url, cache_dir, limit, parallel),
         Opened::Following(mut cache) => {
             cache.attach_remote(shards);
-            Ok(cache)
+            Ok(*cache)
         }
     }
 }
