@@ -39,7 +39,8 @@ use super::steps::{self, Job};
 use super::BuildOptions;
 use crate::error::{Error, Result};
 use crate::format::{
-    self, lock::BuildLock, FileSummary, ManifestLine, Metadata, Recipe, Status, Tail, Totals, LOCK_NAME, MANIFEST_NAME, META_NAME, WORK_NAME,
+    self, lock::BuildLock, FileSummary, ManifestLine, Metadata, Recipe, Status, Tail, Totals, LOCK_NAME, MANIFEST_NAME, META_NAME,
+    WORK_NAME,
 };
 use crate::storage::lease::Lease;
 use crate::testhook;

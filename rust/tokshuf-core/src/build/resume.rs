@@ -237,7 +237,8 @@ pub fn status(output: &Path, local_cell_dir: Option<&Path>) -> Result<Value> {
     let complete = status == "complete";
     let nfiles = recipe.inputs.len();
     let work_names = if complete { Vec::new() } else { work.names()? };
-    let files_done = if complete { nfiles } else { (0..nfiles).filter(|&f| work_names.binary_search(&stage1::summary_name(f)).is_ok()).count() };
+    let files_done =
+        if complete { nfiles } else { (0..nfiles).filter(|&f| work_names.binary_search(&stage1::summary_name(f)).is_ok()).count() };
     let shards = out.names()?.iter().filter(|n| n.starts_with("shard_") && n.ends_with(".tar")).count();
     let stage = match status {
         "starting" | "building" => "tokenize",

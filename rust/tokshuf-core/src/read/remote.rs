@@ -52,7 +52,10 @@ impl RemoteShards {
             let c = wants.len() as u64;
             let v: Value = serde_json::from_slice(line).map_err(|e| Error::corrupt(what, format!("line {}: {e}", c + 1)))?;
             let Some(size) = v.get("bytes").and_then(Value::as_u64) else {
-                return Err(Error::corrupt(what, format!("line {}: a remote cache needs each shard's size (`bytes`) in its manifest", c + 1)));
+                return Err(Error::corrupt(
+                    what,
+                    format!("line {}: a remote cache needs each shard's size (`bytes`) in its manifest", c + 1),
+                ));
             };
             let sha256 = v.get("sha256").and_then(Value::as_str).map(str::to_string);
             wants.push(Want { name: format!("{}.tar", shard_stem(c)), size, sha256 });
