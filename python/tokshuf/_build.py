@@ -6,7 +6,7 @@ import json
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, Optional, Union
+from typing import Any, Dict, Iterable, Optional, Sequence, Union
 
 from . import _core
 from ._inputs import PathLike, expand_inputs
@@ -89,6 +89,8 @@ def build_cache(
     tokenizer_backend: str = "auto",
     packing: str = "concat",
     pack_window: Optional[int] = None,
+    bins: Optional[Sequence[int]] = None,
+    bin_size: Optional[int] = None,
     engine: str = "local",
     ray_address: Optional[str] = None,
 ) -> BuildStats:
@@ -106,7 +108,10 @@ def build_cache(
     ``packing``: ``"concat"`` (documents run together, cut every ``seqlen`` ids) or
     ``"bestfit"`` (documents placed whole into padded contexts by best-fit decreasing over
     windows of ``pack_window`` documents, default 1024; only documents longer than ``seqlen``
-    are split; ``tail`` does not apply). ``output`` may be an object-store URL
+    are split; ``tail`` does not apply) or ``"none"`` (every document, cut at ``seqlen``, is an
+    example of its own length, stored by length bin in sub-caches ``bin_KK/``: ``bins`` lists the
+    bins' upper bounds, the last being ``seqlen``, or ``bin_size`` gives equal-width bins,
+    default ``ceil(seqlen / 16)``; docs/format.md §4.2). ``output`` may be an object-store URL
     (``s3://BUCKET/PREFIX``...; docs/storage.md).
 
     ``engine="ray"`` runs the build as tasks on a Ray cluster (``pip install "tokshuf[ray]"``;
