@@ -29,7 +29,9 @@ def _parse_bins(text: str) -> List[int]:
     try:
         return [int(b) for b in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers (e.g. 512,1024,2049)") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of integers (e.g. 512,1024,2049)"
+        ) from None
 
 
 def _add_build(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
