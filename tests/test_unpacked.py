@@ -257,3 +257,81 @@ def test_torch_adapter_yields_the_readers_batches(cache_dir):
     for g, w in zip(got, want):
         assert torch.equal(g.tokens, torch.from_numpy(w.tokens)) and torch.equal(g.lengths, torch.from_numpy(w.lengths))
         assert torch.equal(g.attention_mask, torch.from_numpy(w.attention_mask)) and g.bin == w.bin
+
+
+def test_verify_passes_and_finds_damage(tmp_path, cache_dir):
+    assert tokshuf.verify(cache_dir, full=True).ok
+    import shutil
+
+    def damaged(name: str, damage) -> tokshuf.VerifyReport:
+        copy = tmp_path / name
+        shutil.copytree(cache_dir, copy)
+        damage(copy / "bin_01")
+        return tokshuf.verify(copy, full=True)
+
+    def flip_idx(d: Path) -> None:
+        idx = np.fromfile(d / "shard_00000000.idx", dtype="<u8")
+        idx[2] += 512
+        idx.tofile(d / "shard_00000000.idx")
+
+    def longer_member(d: Path) -> None:
+        # Member 0 claims one id more than it has: its npy header no longer matches its size.
+        p = d / "shard_00000000.tar"
+        data = bytearray(p.read_bytes())
+        at = data.index(b"'shape': (") + len(b"'shape': (")
+        end = data.index(b",", at)
+        data[at:end] = str(int(data[at:end]) + 1).encode().rjust(end - at)[: end - at]
+        p.write_bytes(bytes(data))
+
+    cases = {
+        "idx offset": (flip_idx, "offset 2"),
+        "idx missing": (lambda d: (d / "shard_00000000.idx").unlink(), ".idx"),
+        "truncated": (
+            lambda d: (d / "shard_00000001.tar").write_bytes((d / "shard_00000001.tar").read_bytes()[:-512]),
+            "bytes",
+        ),
+        "member header": (longer_member, "member 0"),
+        "bin missing": (lambda d: shutil.rmtree(d), "bin_01/"),
+    }
+    for name, (damage, fragment) in cases.items():
+        report = damaged(name.replace(" ", "_"), damage)
+        assert not report.ok, name
+        assert any(fragment in p for p in report.problems), (name, report.problems)
+    # The reader refuses what verify refuses, with a typed error.
+    with pytest.raises(tokshuf.CacheCorruptError):
+        tokshuf.UnpackedCache(tmp_path / "idx_missing")
+
+
+def test_inspect_shows_bins_and_the_length_histogram(cache_dir):
+    out = subprocess.run(
+        [sys.executable, "-m", "tokshuf", "inspect", str(cache_dir), "-n", "1"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    meta = json.loads((cache_dir / "tokshuf.json").read_text())
+    assert "3 length bins" in out
+    for k, b in enumerate(meta["bins"]):
+        lo = meta["bins"][k - 1]["max_len"] + 1 if k else 1
+        assert f"{lo}..{b['max_len']}" in out and f"{b['num_examples']:,}" in out
+    assert f"every example: {meta['num_contexts']:,}" in out
+    counts = [int(line.split()[1].replace(",", "")) for line in out.splitlines() if ".." in line and "#" in line]
+    assert sum(counts) == meta["num_contexts"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "points", [["stage1.file", "plan", "stage2.shard:3"], ["stage2.tmp:9", "atomic:manifest.jsonl:2"]]
+)
+def test_killed_build_resumes_identically(tmp_path, points):
+    from support.build import run_to_pause
+
+    inputs = corpus(tmp_path / "in")
+    opts = dict(OPTS, num_local_cells=2, progress=False)
+    want = tmp_path / "clean"
+    tokshuf.build_cache(inputs, want, **opts)
+    got = tmp_path / "resumed"
+    for point in points:
+        assert run_to_pause(inputs, got, opts, point, tmp_path / "trace.txt") == point
+    tokshuf.build_cache(inputs, got, **opts)
+    assert_same_cache(got, want)

@@ -127,14 +127,12 @@ def _short(value: Any, limit: int = 100) -> str:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from ._cache import Cache
-    from ._core import Tokenizer
-    from .exceptions import TokshufError
-
     import numpy as np
 
+    from ._cache import Cache
+    from ._core import Tokenizer
     from ._unpacked import UnpackedCache, is_unpacked
-    from .exceptions import ConfigError
+    from .exceptions import ConfigError, TokshufError
 
     if args.contexts < 0 or args.sample < 0:
         raise ConfigError("--contexts and --sample must be >= 0")
@@ -252,10 +250,8 @@ def _histogram(lengths: Any, seqlen: int, title: str, width: int = 40) -> str:
     edges.append(seqlen + 1)
     counts, _ = np.histogram(lengths, bins=edges)
     top = max(1, int(counts.max()))
-    for lo, hi, c in zip(edges, edges[1:], counts):
-        if c or lo <= seqlen:
-            bar = "#" * int(round(width * c / top))
-            lines.append(f"    {lo:>7}..{hi - 1:<7}{int(c):>10,}  {bar}")
+    for lo, hi, c in zip(edges, edges[1:], counts.tolist()):
+        lines.append(f"    {lo:>7}..{hi - 1:<7}{c:>10,}  {'#' * round(width * c / top)}")
     q = np.percentile(lengths, [10, 50, 90])
     lines.append(f"    mean {float(np.mean(lengths)):,.1f}, p10 {q[0]:,.0f}, median {q[1]:,.0f}, p90 {q[2]:,.0f}")
     return "\n".join(lines)

@@ -12,7 +12,7 @@ import numpy as np
 from ._blend import Blend
 from ._boundaries import LAYOUTS, Boundaries, document_boundaries
 from ._cache import Cache, PathLike, _dtype_name
-from ._unpacked import UnpackedBatch, UnpackedCache, is_unpacked, make_batch
+from ._unpacked import UnpackedCache, is_unpacked, make_batch
 from .exceptions import ConfigError, StateMismatchError
 
 STATE_VERSION = 1

@@ -57,7 +57,7 @@ def reference_schedule(counts: Sequence[int], batches: int) -> List[Tuple[int, i
     drawn = [k for k, n in enumerate(counts) if n]
     q, _ = ref_quantise([float(counts[k]) for k in drawn], QUANTUM)
     out = []
-    for b, (k, c, _) in enumerate(ref_draws(q, batches)):
+    for k, c, _ in ref_draws(q, batches):
         out.append((drawn[k], c))
     return out
 

@@ -26,10 +26,7 @@ use crate::format::{self, BinInfo, FileSummary, ManifestLine, Metadata, Status, 
 
 /// Bin `k`'s view of the files' summaries: what a chunk plan of that bin reads.
 pub fn bin_summaries(summaries: &[FileSummary], k: usize) -> Vec<FileSummary> {
-    summaries
-        .iter()
-        .map(|s| FileSummary { num_contexts: s.bin_examples.get(k).copied().unwrap_or(0), ..Default::default() })
-        .collect()
+    summaries.iter().map(|s| FileSummary { num_contexts: s.bin_examples.get(k).copied().unwrap_or(0), ..Default::default() }).collect()
 }
 
 /// The chunk plan of every bin.

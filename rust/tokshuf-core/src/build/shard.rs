@@ -75,7 +75,9 @@ impl ShardWriter {
         header.set_cksum();
         self.tar.append(&header, &self.buf[..])?;
         self.index += 1;
-        let end = self.offsets.last().copied().unwrap_or(0) + format::TAR_BLOCK + (self.buf.len() as u64).div_ceil(format::TAR_BLOCK) * format::TAR_BLOCK;
+        let end = self.offsets.last().copied().unwrap_or(0)
+            + format::TAR_BLOCK
+            + (self.buf.len() as u64).div_ceil(format::TAR_BLOCK) * format::TAR_BLOCK;
         self.offsets.push(end);
         Ok(())
     }
@@ -146,7 +148,12 @@ impl ShardSpec {
 /// Write chunk `chunk` of `n` examples of their own lengths (an unpacked cache's bin), with its
 /// `.idx` sidecar: `read(i, buf)` fills `buf` with example i's raw ids. The sidecar is renamed
 /// into place before the tar, so a shard that exists always has its sidecar.
-pub fn write_ragged_shard(spec: &ShardSpec, chunk: u64, n: usize, mut read: impl FnMut(u64, &mut Vec<u8>) -> Result<()>) -> Result<ManifestLine> {
+pub fn write_ragged_shard(
+    spec: &ShardSpec,
+    chunk: u64,
+    n: usize,
+    mut read: impl FnMut(u64, &mut Vec<u8>) -> Result<()>,
+) -> Result<ManifestLine> {
     if spec.cancel.load(Ordering::Relaxed) {
         return Err(Error::Interrupted);
     }
@@ -172,7 +179,10 @@ pub fn write_ragged_shard(spec: &ShardSpec, chunk: u64, n: usize, mut read: impl
             let idx = format::idx::encode(w.offsets());
             let (bytes, sha) = w.finish().map_err(|e| Error::io(&tmp, e))?;
             let mut f = File::create(&idx_tmp).map_err(|e| Error::io(&idx_tmp, e))?;
-            crate::testhook::charge(idx.len()).and_then(|_| f.write_all(&idx)).and_then(|_| f.sync_all()).map_err(|e| Error::io(&idx_tmp, e))?;
+            crate::testhook::charge(idx.len())
+                .and_then(|_| f.write_all(&idx))
+                .and_then(|_| f.sync_all())
+                .map_err(|e| Error::io(&idx_tmp, e))?;
             Ok((bytes, sha, ids))
         };
         let r = write().inspect_err(|_| {
@@ -201,7 +211,8 @@ fn ragged_ids(path: &Path, dtype: Dtype, idx: &[u8], n: usize) -> Result<u64> {
         let mut size = [0u8; 12];
         std::os::unix::fs::FileExt::read_exact_at(&f, &mut size, at + 124).map_err(|e| Error::io(path, e))?;
         std::os::unix::fs::FileExt::read_exact_at(&f, &mut head, at + format::TAR_BLOCK).map_err(|e| Error::io(path, e))?;
-        let size = std::str::from_utf8(&size).ok().and_then(|s| u64::from_str_radix(s.trim_matches(|c: char| c == '\0' || c == ' '), 8).ok());
+        let size =
+            std::str::from_utf8(&size).ok().and_then(|s| u64::from_str_radix(s.trim_matches(|c: char| c == '\0' || c == ' '), 8).ok());
         let header = 10 + u16::from_le_bytes([head[8], head[9]]) as u64;
         let size = size.filter(|&s| s >= header).ok_or_else(|| Error::corrupt(path, format!("member {i}: unreadable size")))?;
         total += (size - header) / dtype.size() as u64;

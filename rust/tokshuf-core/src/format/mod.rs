@@ -15,8 +15,8 @@ pub use atomic::{read_json, tmp_name, to_json_bytes, write_atomic, write_atomic_
 pub use layout::{decode_ids, member_name, npy_header, npy_stride, TAR_BLOCK};
 pub use manifest::ManifestLine;
 pub use meta::{
-    BinInfo, Dtype, ErrorPolicy, FileSummary, Format, InputFile, Metadata, Packing, PackingFigures, Recipe, Status, Tail, TokenizerInfo, Totals,
-    FORMAT_VERSION, VERSION,
+    BinInfo, Dtype, ErrorPolicy, FileSummary, Format, InputFile, Metadata, Packing, PackingFigures, Recipe, Status, Tail, TokenizerInfo,
+    Totals, FORMAT_VERSION, VERSION,
 };
 pub use names::{bin_dir, is_data, is_ours, shard_path, shard_stem, LOCK_NAME, MANIFEST_NAME, META_NAME, WORK_NAME};
 

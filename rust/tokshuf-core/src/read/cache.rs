@@ -20,7 +20,9 @@ pub use super::members::Id;
 use super::members::{header_name_is, index_json_gz, parse_id_list};
 use super::order::{cache_source, OrderOptions, Source};
 use super::per_process::PerProcess;
-pub use super::validate::{check_shard, check_shards_of, parse_manifest, parse_manifest_all, read_meta, recipe_fingerprint, CacheMeta, ChunkEntry};
+pub use super::validate::{
+    check_shard, check_shards_of, parse_manifest, parse_manifest_all, read_meta, recipe_fingerprint, CacheMeta, ChunkEntry,
+};
 use super::validate::{check_shards, check_size};
 use crate::error::{Error, Result};
 use crate::format::{self, shard_path, Dtype, Format, MANIFEST_NAME, META_NAME};
@@ -385,8 +387,15 @@ impl Cache {
             usize::MAX
         };
         let len = (size.saturating_sub(hlen)) / dsize;
-        if hlen > size || (size - hlen) % dsize != 0 || len as u64 > self.meta.seqlen || data[..hlen] != npy_header_of(self.meta.dtype, len)[..] {
-            return Err(Error::corrupt(path(), format!("member {name}: not a 1-D npy array of at most {} ids of the cache's dtype", self.meta.seqlen)));
+        if hlen > size
+            || (size - hlen) % dsize != 0
+            || len as u64 > self.meta.seqlen
+            || data[..hlen] != npy_header_of(self.meta.dtype, len)[..]
+        {
+            return Err(Error::corrupt(
+                path(),
+                format!("member {name}: not a 1-D npy array of at most {} ids of the cache's dtype", self.meta.seqlen),
+            ));
         }
         Ok((&data[hlen..], len))
     }
@@ -465,7 +474,6 @@ impl Cache {
             }
         }
     }
-
 }
 
 /// The npy header of a member of `len` ids.

@@ -231,9 +231,12 @@ impl Assemble for BatchSpec {
     }
 }
 
+/// What a read-ahead worker sends: a batch and its first example, or the error that stopped it.
+type Sent<O> = Result<(u64, O)>;
+
 /// Read-ahead: `threads` workers assemble batches `first + k B` into bounded channels.
 pub struct Prefetcher<A: Assemble = BatchSpec> {
-    receivers: Vec<Receiver<Result<(u64, A::Out)>>>,
+    receivers: Vec<Receiver<Sent<A::Out>>>,
     next: u64,
     stop: Arc<AtomicBool>,
     pid: u32,
@@ -264,7 +267,8 @@ impl<A: Assemble> Prefetcher<A> {
                 .spawn(move || {
                     let mut k = w as u64;
                     while !stop.load(Ordering::Relaxed) {
-                        let Some(at) = k.checked_mul(every).and_then(|x| x.checked_mul(spec.batch_size())).and_then(|x| x.checked_add(first))
+                        let Some(at) =
+                            k.checked_mul(every).and_then(|x| x.checked_mul(spec.batch_size())).and_then(|x| x.checked_add(first))
                         else {
                             break;
                         };

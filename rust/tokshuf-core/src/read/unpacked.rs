@@ -61,7 +61,10 @@ impl Unpacked {
         if infos.is_empty() || infos.len() > MAX_BINS {
             return Err(Error::corrupt(&mpath, format!("{} bins, expected 1 to {MAX_BINS}", infos.len())));
         }
-        if infos.windows(2).any(|w| w[0].max_len >= w[1].max_len) || infos[0].max_len == 0 || infos.last().map(|b| b.max_len) != Some(meta.seqlen) {
+        if infos.windows(2).any(|w| w[0].max_len >= w[1].max_len)
+            || infos[0].max_len == 0
+            || infos.last().map(|b| b.max_len) != Some(meta.seqlen)
+        {
             return Err(Error::corrupt(&mpath, "bin bounds must be positive, increasing and end at seqlen"));
         }
         let examples: u64 = infos.iter().map(|b| b.num_examples).sum();
@@ -198,16 +201,8 @@ impl UnpackedSpec {
         }
         let weights: Vec<f64> = drawn.iter().map(|&k| cache.infos[k].num_examples as f64).collect();
         let schedule = Schedule::new(&weights, DEFAULT_QUANTUM)?;
-        let orders = cache
-            .bins
-            .iter()
-            .map(|b| (!b.is_empty()).then(|| cache_source(&b.sizes(), b.meta.chunk_size, opts, false)))
-            .collect();
-        let description = format!(
-            "unpacked-v1 q={:?} {}",
-            schedule.quanta(),
-            super::order::describe(cache.meta.chunk_size, opts, false)
-        );
+        let orders = cache.bins.iter().map(|b| (!b.is_empty()).then(|| cache_source(&b.sizes(), b.meta.chunk_size, opts, false))).collect();
+        let description = format!("unpacked-v1 q={:?} {}", schedule.quanta(), super::order::describe(cache.meta.chunk_size, opts, false));
         let pad_id = cache.meta.raw.get("pad_id").and_then(serde_json::Value::as_u64).unwrap_or(0) as u32;
         Ok(UnpackedSpec { cache, schedule, drawn, orders, batch_size, rank, world_size, dtype, pad_to, pad_id, description })
     }
@@ -259,7 +254,13 @@ impl UnpackedSpec {
         let fill = |out: &mut dyn FnMut(usize, &Loc) -> Result<usize>| -> Result<Vec<u32>> {
             mine.iter().enumerate().map(|(row, &j)| out(row, &locs[j]).map(|n| n as u32)).collect()
         };
-        fn make<T: Id>(cache: &Cache, rows: usize, width: usize, pad: u32, fill: impl FnOnce(&mut dyn FnMut(usize, &Loc) -> Result<usize>) -> Result<Vec<u32>>) -> Result<(Vec<T>, Vec<u32>)> {
+        fn make<T: Id>(
+            cache: &Cache,
+            rows: usize,
+            width: usize,
+            pad: u32,
+            fill: impl FnOnce(&mut dyn FnMut(usize, &Loc) -> Result<usize>) -> Result<Vec<u32>>,
+        ) -> Result<(Vec<T>, Vec<u32>)> {
             let mut out = vec![T::from_id(pad); rows * width];
             let lengths = fill(&mut |row, l| cache.read_ragged(l.chunk, l.index, &mut out[row * width..(row + 1) * width]))?;
             Ok((out, lengths))
