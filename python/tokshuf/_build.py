@@ -45,6 +45,11 @@ class BuildStats:
             f"  time        {self.seconds:.2f} s on {build.get('threads')} threads, "
             f"{self.mb_per_s:.1f} MB/s of text, {self.num_tokens / max(self.seconds, 1e-9) / 1e6:.2f} Mtok/s",
         ]
+        if m.get("bins"):  # unpacked: examples of their own lengths, by bin
+            lines[3] = (
+                f"  tokens      {self.num_tokens:,} in {self.num_contexts:,} examples of 1..{m['seqlen']} ids, "
+                f"in {len(m['bins'])} length bins (no padding)"
+            )
         pack = m.get("packing_stats")
         if pack:
             lines.append(
