@@ -105,8 +105,13 @@ impl Unpacked {
                 ragged: true,
                 ..meta.clone()
             };
-            let fp = format::hex(&Sha256::digest([h.clone().finalize().as_slice(), &text].concat()));
-            bins.push(Arc::new(Cache::from_parts(&dir, bin_meta, chunks, Some(fp), None)));
+            // A bin's own fingerprint: the recipe, the bin and its manifest.
+            let mut own = Sha256::new();
+            own.update(b"tokshuf-unpacked-bin-v1\0");
+            own.update(serde_json::to_string(&meta.raw["recipe"]).unwrap_or_default().as_bytes());
+            own.update(format!("\0bin {k} {}\0", info.max_len).as_bytes());
+            own.update(&text);
+            bins.push(Arc::new(Cache::from_parts(&dir, bin_meta, chunks, Some(format::hex(&own.finalize())), None)));
         }
         Ok(Unpacked { root: root.to_path_buf(), meta, bins, infos, fingerprint: format::hex(&h.finalize()) })
     }
