@@ -89,6 +89,7 @@ def build_cache(
     tokenizer_backend: str = "auto",
     packing: str = "concat",
     pack_window: Optional[int] = None,
+    block_size: Optional[int] = None,
     engine: str = "local",
     ray_address: Optional[str] = None,
 ) -> BuildStats:
@@ -106,7 +107,10 @@ def build_cache(
     ``packing``: ``"concat"`` (documents run together, cut every ``seqlen`` ids) or
     ``"bestfit"`` (documents placed whole into padded contexts by best-fit decreasing over
     windows of ``pack_window`` documents, default 1024; only documents longer than ``seqlen``
-    are split; ``tail`` does not apply). ``output`` may be an object-store URL
+    are split; ``tail`` does not apply). ``format``: ``"npy"`` (one context per tar member,
+    default), ``"json.gz"`` (what open_lm reads), ``"blocks"`` (2-D npy arrays of
+    ``block_size`` contexts, default 64: about 2.01 bytes per uint16 id) or ``"blocks.zst"``
+    (those arrays zstd-compressed); docs/format.md §3. ``output`` may be an object-store URL
     (``s3://BUCKET/PREFIX``...; docs/storage.md).
 
     ``engine="ray"`` runs the build as tasks on a Ray cluster (``pip install "tokshuf[ray]"``;

@@ -87,6 +87,7 @@ pub fn build_options(d: Option<&Bound<'_, PyDict>>) -> PyResult<BuildOptions> {
         o.packing = v;
     }
     o.pack_window = get(d, "pack_window", uint)?;
+    o.block_size = get(d, "block_size", uint)?;
     for key in d.keys() {
         let key: String = key.extract()?;
         if !KNOWN.contains(&key.as_str()) {
@@ -96,7 +97,7 @@ pub fn build_options(d: Option<&Bound<'_, PyDict>>) -> PyResult<BuildOptions> {
     Ok(o)
 }
 
-const KNOWN: [&str; 25] = [
+const KNOWN: [&str; 26] = [
     "inputs",
     "output",
     "tokenizer",
@@ -122,4 +123,5 @@ const KNOWN: [&str; 25] = [
     "tokenizer_backend",
     "packing",
     "pack_window",
+    "block_size",
 ];

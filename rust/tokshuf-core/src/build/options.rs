@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use crate::error::{Error, Result};
-use crate::format::{ErrorPolicy, Format, Packing, Tail};
+use crate::format::{ErrorPolicy, Format, Packing, Tail, MAX_BLOCK_SIZE};
 use crate::tokenize::Backend;
 
 /// Everything a caller chooses. Only `threads`, `memory_limit`, `local_cell_dir` and
@@ -39,6 +39,8 @@ pub struct BuildOptions {
     pub packing: Packing,
     /// Documents per best-fit window (None: `DEFAULT_PACK_WINDOW`).
     pub pack_window: Option<u64>,
+    /// Contexts per member of a block format (None: `format::DEFAULT_BLOCK_SIZE`).
+    pub block_size: Option<u64>,
 }
 
 /// Documents per best-fit window unless given: bounds the memory of packing one file.
@@ -73,6 +75,7 @@ impl BuildOptions {
             overwrite: false,
             packing: Packing::Concat,
             pack_window: None,
+            block_size: None,
         }
     }
 
@@ -97,6 +100,13 @@ impl BuildOptions {
         match (self.packing, self.pack_window) {
             (Packing::Concat, Some(_)) => return Err(Error::Config("pack_window is an option of packing=\"bestfit\"".into())),
             (_, Some(0)) => return Err(Error::Config("pack_window must be positive, not 0".into())),
+            _ => {}
+        }
+        match (self.format.is_blocked(), self.block_size) {
+            (false, Some(_)) => return Err(Error::Config("block_size is an option of format=\"blocks\" and \"blocks.zst\"".into())),
+            (_, Some(k)) if k == 0 || k > MAX_BLOCK_SIZE => {
+                return Err(Error::Config(format!("block_size must be in 1..={MAX_BLOCK_SIZE}, not {k}")))
+            }
             _ => {}
         }
         if self.inputs.is_empty() {

@@ -79,6 +79,8 @@ pub fn recipe(opts: &BuildOptions, tok: &Tokenizer) -> Result<Recipe> {
         dtype: if tok.vocab_size <= 1 << 16 { Dtype::Uint16 } else { Dtype::Uint32 },
         packing: opts.packing,
         pack_window: (!opts.packing.is_concat()).then(|| opts.pack_window.unwrap_or(super::options::DEFAULT_PACK_WINDOW)),
+        block_size: opts.format.is_blocked().then(|| opts.block_size.unwrap_or(format::DEFAULT_BLOCK_SIZE)),
+        zstd_level: (opts.format == format::Format::BlocksZst).then_some(format::ZSTD_LEVEL),
     })
 }
 

@@ -2,7 +2,9 @@
 //! against R*, one rank's batches, reading a cache while it is built (follow mode), blends.
 
 pub mod blend;
+mod block_cache;
 pub mod cache;
+mod chunk;
 pub mod follow;
 mod members;
 pub mod order;

@@ -8,8 +8,9 @@ use std::path::Path;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use super::chunk::Layout;
 use crate::error::{Error, Result};
-use crate::format::{self, shard_path, Dtype, Format, ManifestLine, Metadata, Status, META_NAME};
+use crate::format::{self, shard_path, Dtype, Format, ManifestLine, Metadata, Status, MAX_BLOCK_SIZE, META_NAME};
 
 /// Longest context the reader accepts (guards allocations driven by tokshuf.json).
 const MAX_SEQLEN: u64 = 1 << 24;
@@ -25,6 +26,8 @@ pub struct CacheMeta {
     pub shuffle: bool,
     pub chunk_sizes: Option<Vec<u64>>,
     pub ideal_readers: Option<u64>,
+    /// Contexts per member (block formats).
+    pub block_size: Option<u64>,
     pub status: Status,
     /// The whole document, as read.
     pub raw: Value,
@@ -85,10 +88,15 @@ pub fn read_meta(root: &Path, complete_only: bool) -> Result<CacheMeta> {
         Some(0) => return Err(Error::corrupt(&path, "ideal_readers is not a positive integer")),
         r => r,
     };
+    let block_size = match (format.is_blocked(), m.block_size) {
+        (true, Some(k)) if (1..=MAX_BLOCK_SIZE).contains(&k) => Some(k),
+        (true, k) => return Err(Error::corrupt(&path, format!("block_size {k:?} out of range 1..={MAX_BLOCK_SIZE} for format {}", format.name()))),
+        (false, _) => None,
+    };
     if !m.recipe.is_object() {
         return Err(Error::corrupt(&path, "\"recipe\" missing or not an object"));
     }
-    Ok(CacheMeta { seqlen, dtype, format, chunk_size, num_chunks, num_contexts, shuffle, chunk_sizes, ideal_readers, status, raw })
+    Ok(CacheMeta { seqlen, dtype, format, chunk_size, num_chunks, num_contexts, shuffle, chunk_sizes, ideal_readers, block_size, status, raw })
 }
 
 /// Parse manifest lines starting at line number `first` (0-based; follow mode appends).
@@ -166,47 +174,16 @@ pub fn parse_manifest_all(path: &Path, text: &[u8], chunk_size: u64) -> Result<V
     })
 }
 
-/// Expected size of an `npy` shard of `n` contexts.
-pub fn npy_shard_bytes(n: u64, stride: u64) -> u64 {
-    n * stride + 2 * format::TAR_BLOCK
-}
-
 /// Check that chunk `c`'s shard exists with a plausible size; returns the size.
-pub fn check_shard(root: &Path, c: u64, entry: &ChunkEntry, format: Format, stride: u64) -> Result<u64> {
+pub fn check_shard(root: &Path, c: u64, entry: &ChunkEntry, layout: &Layout) -> Result<u64> {
     let path = shard_path(root, c);
     let md = std::fs::symlink_metadata(&path).map_err(|e| Error::corrupt(&path, format!("shard missing or unreadable: {e}")))?;
     if !md.file_type().is_file() {
         return Err(Error::corrupt(&path, "not a regular file"));
     }
     let len = md.len();
-    check_size(&path, entry, len, format, stride)?;
+    layout.check_size(&path, entry, len)?;
     Ok(len)
-}
-
-pub(super) fn check_size(path: &Path, entry: &ChunkEntry, len: u64, format: Format, stride: u64) -> Result<()> {
-    if let Some(b) = entry.bytes {
-        if b != len {
-            return Err(Error::corrupt(path, format!("size {len} bytes, manifest says {b} (truncated or changed?)")));
-        }
-    }
-    match format {
-        Format::Npy => {
-            let want = npy_shard_bytes(entry.size, stride);
-            if len != want {
-                return Err(Error::corrupt(
-                    path,
-                    format!("size {len} bytes, expected {want} for {} contexts (truncated or changed?)", entry.size),
-                ));
-            }
-        }
-        Format::JsonGz => {
-            let min = (entry.size * 2 + 2) * format::TAR_BLOCK;
-            if len < min || len % format::TAR_BLOCK != 0 {
-                return Err(Error::corrupt(path, format!("size {len} bytes cannot hold {} json.gz members (truncated?)", entry.size)));
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Hex sha256 of tokshuf.json's recipe: what a build was asked to make (known from its start).
@@ -231,7 +208,7 @@ fn shard_number(name: &std::ffi::OsStr) -> Option<u64> {
 /// Check the size of every shard. One directory listing, then `fstatat` relative to the
 /// directory (no path walk per shard), on a few threads when there are many: opening a cache
 /// of 100,000 chunks is dominated by these 100,000 stat calls.
-pub(super) fn check_shards(root: &Path, chunks: &[ChunkEntry], format: Format, stride: u64) -> Result<()> {
+pub(super) fn check_shards(root: &Path, chunks: &[ChunkEntry], layout: &Layout) -> Result<()> {
     let mut entries: Vec<Option<std::fs::DirEntry>> = (0..chunks.len()).map(|_| None).collect();
     for e in std::fs::read_dir(root).map_err(|e| Error::io(root, e))? {
         let e = e.map_err(|e| Error::io(root, e))?;
@@ -250,7 +227,7 @@ pub(super) fn check_shards(root: &Path, chunks: &[ChunkEntry], format: Format, s
         if !md.file_type().is_file() {
             return Err(Error::corrupt(&path, "not a regular file"));
         }
-        check_size(&path, &chunks[c], md.len(), format, stride)
+        layout.check_size(&path, &chunks[c], md.len())
     };
     let threads = if chunks.len() < 4096 { 1 } else { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(8) };
     let per = chunks.len().div_ceil(threads).max(1);
