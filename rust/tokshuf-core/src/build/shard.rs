@@ -32,11 +32,8 @@ pub struct ShardWriter {
 impl ShardWriter {
     pub fn create(path: &Path, chunk: u64, spec: &ShardSpec) -> Result<Self> {
         let (format, dtype, seqlen) = (spec.format, spec.dtype, spec.seqlen);
-        let blocking = format.is_blocked().then(|| Blocking {
-            block_size: spec.block_size.unwrap_or(format::DEFAULT_BLOCK_SIZE),
-            seqlen,
-            dtype,
-        });
+        let blocking =
+            format.is_blocked().then(|| Blocking { block_size: spec.block_size.unwrap_or(format::DEFAULT_BLOCK_SIZE), seqlen, dtype });
         let zstd = match format {
             Format::BlocksZst => {
                 let level = spec.zstd_level.unwrap_or(format::ZSTD_LEVEL);

@@ -580,7 +580,8 @@ mod tests {
                 assert_eq!(seen.len() as u64, totals.iter().sum::<u64>(), "a single pass covers everything");
             }
         }
-        let mixed = vec![cache_source(&[2], 2, 1, opts, true), cache_source(&[2], 2, 1, opts, false), cache_source(&[2], 2, 1, opts, false)];
+        let mixed =
+            vec![cache_source(&[2], 2, 1, opts, true), cache_source(&[2], 2, 1, opts, false), cache_source(&[2], 2, 1, opts, false)];
         assert!(BlendSource::new(sched.clone(), mixed).is_err());
         assert!(BlendSource::new(sched, vec![cache_source(&[2], 2, 1, opts, true)]).is_err());
     }

@@ -21,8 +21,8 @@ pub use super::chunk::Layout;
 pub use super::members::Id;
 use super::order::{cache_source, OrderOptions, Source};
 use super::per_process::PerProcess;
-pub use super::validate::{check_shard, parse_manifest, parse_manifest_all, read_meta, recipe_fingerprint, CacheMeta, ChunkEntry};
 use super::validate::check_shards;
+pub use super::validate::{check_shard, parse_manifest, parse_manifest_all, read_meta, recipe_fingerprint, CacheMeta, ChunkEntry};
 use crate::error::{Error, Result};
 use crate::format::{shard_path, Format, MANIFEST_NAME, META_NAME};
 
@@ -88,13 +88,28 @@ impl Cache {
         Self::open_with(root, true)
     }
 
-    /// `check_files`: stat every shard now (else each shard's size is checked when it is
-    /// first mapped, which every read does anyway; for very large caches opened often).
+    /// `check_files`: check now that every shard exists (one directory listing). Each shard's
+    /// size is checked when it is first mapped, whatever `check_files` says.
     pub fn open_with(root: &Path, check_files: bool) -> Result<Cache> {
         let meta = read_meta(root, true)?;
         let mpath = root.join(MANIFEST_NAME);
         let text = std::fs::read(&mpath).map_err(|e| Error::corrupt(&mpath, format!("cannot read: {e}")))?;
-        let chunks = parse_manifest_all(&mpath, &text, meta.chunk_size)?;
+        let recipe = serde_json::to_string(&meta.raw["recipe"]).unwrap_or_default();
+        // The fingerprint hashes the whole manifest: on another thread, while it is parsed.
+        let (chunks, fingerprint) = std::thread::scope(|s| {
+            let hashing = s.spawn(|| {
+                let mut h = Sha256::new();
+                h.update(b"tokshuf-cache-v1\0");
+                h.update(&text);
+                h.update(b"\0");
+                h.update(recipe.as_bytes());
+                crate::format::hex(&h.finalize())
+            });
+            let chunks = parse_manifest_all(&mpath, &text, meta.chunk_size);
+            (chunks, hashing.join())
+        });
+        let chunks = chunks?;
+        let fingerprint = fingerprint.map_err(|_| Error::Config("manifest hashing thread panicked".into()))?;
         let meta_path = root.join(META_NAME);
         if chunks.len() as u64 != meta.num_chunks {
             return Err(Error::corrupt(&mpath, format!("{} lines, tokshuf.json says num_chunks {}", chunks.len(), meta.num_chunks)));
@@ -117,14 +132,8 @@ impl Cache {
             ));
         }
         if check_files {
-            check_shards(root, &chunks, &Layout::new(meta.format, meta.dtype, meta.seqlen, meta.block_size))?;
+            check_shards(root, &chunks)?;
         }
-        let mut h = Sha256::new();
-        h.update(b"tokshuf-cache-v1\0");
-        h.update(&text);
-        h.update(b"\0");
-        h.update(serde_json::to_string(&meta.raw["recipe"]).unwrap_or_default().as_bytes());
-        let fingerprint = crate::format::hex(&h.finalize());
         Ok(Cache::from_parts(root, meta, chunks, Some(fingerprint), None))
     }
 

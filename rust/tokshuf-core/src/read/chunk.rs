@@ -83,10 +83,9 @@ impl Layout {
             _ => None,
         };
         match exact {
-            Some(want) if len != want => Err(Error::corrupt(
-                path,
-                format!("size {len} bytes, expected {want} for {} contexts (truncated or changed?)", entry.size),
-            )),
+            Some(want) if len != want => {
+                Err(Error::corrupt(path, format!("size {len} bytes, expected {want} for {} contexts (truncated or changed?)", entry.size)))
+            }
             Some(_) => Ok(()),
             None => {
                 let members = entry.size.div_ceil(self.block_size());
@@ -205,9 +204,7 @@ impl Layout {
         };
         INFLATED.with_borrow_mut(|text| {
             text.resize(size, 0);
-            let got = INFLATE
-                .with_borrow_mut(|d| d.gzip_decompress(gz, text))
-                .map_err(|e| format!("bad gzip data: {e:?}"))?;
+            let got = INFLATE.with_borrow_mut(|d| d.gzip_decompress(gz, text)).map_err(|e| format!("bad gzip data: {e:?}"))?;
             if got != size {
                 return Err(format!("bad gzip data: inflated {got} bytes, the trailer says {size}"));
             }

@@ -6,6 +6,7 @@ mod block_cache;
 pub mod cache;
 mod chunk;
 pub mod follow;
+mod manifest_line;
 mod members;
 pub mod order;
 pub(crate) mod per_process;
