@@ -36,7 +36,15 @@ def built(tmp_path_factory):
             name = f"{fmt}-{block}-{shuffle}"
             kw = {} if block is None else dict(block_size=block)
             tokshuf.build_cache(
-                files, root / name, seqlen=SEQLEN, chunk_size=CHUNK, shuffle=shuffle, format=fmt, progress=False, threads=2, **kw
+                files,
+                root / name,
+                seqlen=SEQLEN,
+                chunk_size=CHUNK,
+                shuffle=shuffle,
+                format=fmt,
+                progress=False,
+                threads=2,
+                **kw,
             )
             out[(fmt, block, shuffle)] = root / name
     return out
@@ -91,6 +99,7 @@ def test_block_formats_hold_the_npy_contexts_in_order(built, fmt, block, shuffle
 def test_blocks_take_about_two_bytes_per_id(built):
     """blocks of 64 at seqlen 2049 take 2.007 bytes per uint16 id (layout arithmetic, checked
     on a real shard here at this test's small sizes)."""
+
     def size(key):
         return sum(Path(p).stat().st_size for p in glob.glob(str(built[key] / "shard_*.tar")))
 
@@ -154,7 +163,7 @@ def test_corrupt_block_is_an_error_naming_the_shard(tmp_path):
     shard.write_bytes(bytes(data))
     cache = tokshuf.Cache(d)
     assert addresses(cache[:4]) == [(0, i) for i in range(4)]
-    with pytest.raises(tokshuf.CacheCorruptError, match="shard_00000001.tar"):
+    with pytest.raises(tokshuf.CacheCorruptError, match=r"shard_00000001\.tar"):
         cache[4]
 
 

@@ -254,7 +254,9 @@ RECIPES = [
         dict(tokenizer=CL100K, format="json.gz", tail="stitch", shuffle=False), (3, 4), id="cl100k-json-stitch-ordered"
     ),
     pytest.param(
-        dict(tokenizer=NEOX, format="blocks", block_size=5, tail="stitch", shuffle=True), (1, 2), id="neox-blocks-shuffled"
+        dict(tokenizer=NEOX, format="blocks", block_size=5, tail="stitch", shuffle=True),
+        (1, 2),
+        id="neox-blocks-shuffled",
     ),
     pytest.param(
         dict(tokenizer=CL100K, format="blocks.zst", block_size=6, tail="pad", shuffle=False),

@@ -362,7 +362,7 @@ def test_lazy_open_checks_each_shard_on_first_read(tmp_path, fmt):
     p = d / "shard_00000001.tar"
     p.write_bytes(p.read_bytes()[:-600])
     (d / "shard_00000002.tar").unlink()
-    with pytest.raises(tokshuf.CacheCorruptError, match="shard_00000002.tar"):
+    with pytest.raises(tokshuf.CacheCorruptError, match=r"shard_00000002\.tar"):
         tokshuf.Cache(d)
     cache = tokshuf.Cache(d, check_files=False)
     assert addresses(cache.get_batch([0, 13])) == [(0, 0), (3, 1)]

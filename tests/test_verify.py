@@ -30,7 +30,9 @@ def built(tmp_path_factory):
     for fmt in FORMATS:
         out = root / fmt
         blocks = dict(block_size=5) if fmt.startswith("blocks") else {}  # chunks end in a short block
-        tokshuf.build_cache([src], out, seqlen=SEQLEN, chunk_size=CHUNK, threads=2, progress=False, format=fmt, **blocks)
+        tokshuf.build_cache(
+            [src], out, seqlen=SEQLEN, chunk_size=CHUNK, threads=2, progress=False, format=fmt, **blocks
+        )
         caches[fmt] = out
     return caches
 
@@ -136,7 +138,7 @@ def test_flipped_byte_in_zstd_block_found(built, tmp_path):
     shutil.copytree(built["blocks.zst"], cache)
     flip(cache / "shard_00000001.tar", 512 + 200, 0xFF)  # inside the first block's frame
     assert "shard_00000001.tar: member 0" in problems(cache)
-    with pytest.raises(tokshuf.CacheCorruptError, match="shard_00000001.tar"):
+    with pytest.raises(tokshuf.CacheCorruptError, match=r"shard_00000001\.tar"):
         tokshuf.Cache(cache)[:]  # the reader's own check: the frame's checksum or its size
 
 

@@ -73,9 +73,7 @@ def _add_build(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="tar member format: npy (one context a member, default), json.gz (open_lm), blocks (2-D npy "
         "arrays of --block-size contexts), blocks.zst (those, zstd-compressed); see docs/format.md",
     )
-    p.add_argument(
-        "--block-size", type=int, default=None, help="contexts per member of the block formats (default 64)"
-    )
+    p.add_argument("--block-size", type=int, default=None, help="contexts per member of the block formats (default 64)")
     p.add_argument(
         "--tail",
         choices=["stitch", "pad", "drop"],

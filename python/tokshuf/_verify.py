@@ -588,7 +588,9 @@ def _check_blocks_shard(f, name: str, size: int, meta: Dict[str, Any], k: int, n
             report.problem(f"{name}: member {b}: npy header unreadable ({type(e).__name__}: {e})")
             return False
         if shape != (rows, seqlen) or fortran or got != dtype:
-            report.problem(f"{name}: member {b}: npy header says shape {shape} dtype {got}, expected ({rows}, {seqlen}) {dtype}")
+            report.problem(
+                f"{name}: member {b}: npy header says shape {shape} dtype {got}, expected ({rows}, {seqlen}) {dtype}"
+            )
             return False
         ids = np.frombuffer(raw, dtype=dtype, offset=buf.tell())
         if ids.size != rows * seqlen:
