@@ -1,5 +1,5 @@
 """Whole caches pinned by golden hashes: every file of the cache (tokshuf.json without its
-``build`` key) for both tokenizer families, both member formats, stitch and pad, shuffled and
+``build`` key) for both tokenizer families, every member format, stitch and pad, shuffled and
 streaming. The hashes were taken before the core was reorganised (issue 11); they change only
 with an intended format change."""
 
@@ -24,6 +24,10 @@ GOLDEN = {
     ("cl100k", "npy", "pad", False): "a128ca1697d20f7360048be543cfebbeb7a6657b77d6ea603eb4b764fe834c9d",
     ("cl100k", "json.gz", "stitch", True): "849ab8e650f95ac5d4dc0f64b7140bdd3ee6cad2b5112ea952fb020c27067697",
     ("cl100k", "npy", "stitch", False): "64e3b7765d35c6acee6897789c684cd642ead30d7e47710284877b197ae9a28e",
+    # The block formats (issue 16), blocks of 3 contexts: chunks of 7 end in a short block.
+    ("neox", "blocks", "stitch", True): "c98495e2b90f0133eb630d5f99c9c9b9d668cfc7c5d1601bec44a97c6013b4e1",
+    ("cl100k", "blocks.zst", "pad", False): "b5822c3b6a71d0c3350ddf0df5d67bbe2b1de979f975e9cfb90c1cbe53d4bf29",
+    ("neox", "blocks.zst", "stitch", True): "f75d305681b3574b01e412b7eaf9c4b2f645d1df9f44c435422190aa71bd0c08",
 }
 
 
@@ -73,6 +77,7 @@ def test_golden_cache(tmp_path, monkeypatch, case):
         shuffle=shuffle,
         threads=2,
         progress=False,
+        **(dict(block_size=3) if fmt.startswith("blocks") else {}),
     )
     digest = cache_digest(tmp_path / "cache")
     assert digest == GOLDEN[case], digest

@@ -213,6 +213,7 @@ def ray_build(inputs: List[Path], out: Path, options: Optional[_ray.RayOptions] 
         seed=opts.pop("seed", 0),
         text_key="text",
         format=opts.pop("format", "npy"),
+        block_size=opts.pop("block_size", None),
         tail=opts.pop("tail", "stitch"),
         eot_id=None,
         pad_id=None,
@@ -251,6 +252,16 @@ RECIPES = [
     pytest.param(dict(tokenizer=CL100K, format="npy", tail="pad", shuffle=True), (1, 1), id="cl100k-npy-pad-shuffled"),
     pytest.param(
         dict(tokenizer=CL100K, format="json.gz", tail="stitch", shuffle=False), (3, 4), id="cl100k-json-stitch-ordered"
+    ),
+    pytest.param(
+        dict(tokenizer=NEOX, format="blocks", block_size=5, tail="stitch", shuffle=True),
+        (1, 2),
+        id="neox-blocks-shuffled",
+    ),
+    pytest.param(
+        dict(tokenizer=CL100K, format="blocks.zst", block_size=6, tail="pad", shuffle=False),
+        (2, 3),
+        id="cl100k-blockszst-ordered",
     ),
 ]
 

@@ -76,7 +76,14 @@ def _add_build(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--threads", type=int, default=None, help="worker threads (default: all cores)")
     p.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
     p.add_argument("--text-key", default="text", help="JSON key of the document text (default text)")
-    p.add_argument("--format", choices=["npy", "json.gz"], default="npy", help="tar member format")
+    p.add_argument(
+        "--format",
+        choices=["npy", "json.gz", "blocks", "blocks.zst"],
+        default="npy",
+        help="tar member format: npy (one context a member, default), json.gz (open_lm), blocks (2-D npy "
+        "arrays of --block-size contexts), blocks.zst (those, zstd-compressed); see docs/format.md",
+    )
+    p.add_argument("--block-size", type=int, default=None, help="contexts per member of the block formats (default 64)")
     p.add_argument(
         "--tail",
         choices=["stitch", "pad", "drop"],
@@ -187,6 +194,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
         pack_window=args.pack_window,
         bins=args.bins,
         bin_size=args.bin_size,
+        block_size=args.block_size,
         engine=args.engine,
         ray_address=args.ray_address,
     )

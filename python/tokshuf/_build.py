@@ -96,6 +96,7 @@ def build_cache(
     pack_window: Optional[int] = None,
     bins: Optional[Sequence[int]] = None,
     bin_size: Optional[int] = None,
+    block_size: Optional[int] = None,
     engine: str = "local",
     ray_address: Optional[str] = None,
 ) -> BuildStats:
@@ -116,7 +117,10 @@ def build_cache(
     are split; ``tail`` does not apply) or ``"none"`` (every document, cut at ``seqlen``, is an
     example of its own length, stored by length bin in sub-caches ``bin_KK/``: ``bins`` lists the
     bins' upper bounds, the last being ``seqlen``, or ``bin_size`` gives equal-width bins,
-    default ``ceil(seqlen / 16)``; docs/format.md §4.2). ``output`` may be an object-store URL
+    default ``ceil(seqlen / 16)``; docs/format.md §4.2). ``format``: ``"npy"`` (one context per
+    tar member, default), ``"json.gz"`` (what open_lm reads), ``"blocks"`` (2-D npy arrays of
+    ``block_size`` contexts, default 64: about 2.01 bytes per uint16 id) or ``"blocks.zst"``
+    (those arrays zstd-compressed); docs/format.md §3. ``output`` may be an object-store URL
     (``s3://BUCKET/PREFIX``...; docs/storage.md).
 
     ``engine="ray"`` runs the build as tasks on a Ray cluster (``pip install "tokshuf[ray]"``;

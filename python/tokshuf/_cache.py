@@ -126,6 +126,11 @@ class Cache:
         return int(self._inner.chunk_size)
 
     @property
+    def block_size(self) -> int:
+        """Contexts per tar member: 1, or ``block_size`` for the block formats."""
+        return int(self._inner.block_size)
+
+    @property
     def num_chunks(self) -> int:
         return len(self._inner.chunk_sizes)
 

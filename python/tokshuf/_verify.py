@@ -2,8 +2,9 @@
 
 Checks, in order: tokshuf.json (complete, known format, sane values), manifest.jsonl (strict
 shard names in chunk order, counts that add up to tokshuf.json), then every shard: size, tar
-layout (ustar headers, member names, fixed stride for npy), npy headers, every id below the
-vocabulary size, and with ``full=True`` the sha256 recorded in the manifest.
+layout (ustar headers, member names, fixed stride for npy), npy headers (2-D blocks of
+``block_size`` contexts for the block formats, decompressed for ``blocks.zst``), every id below
+the vocabulary size, and with ``full=True`` the sha256 recorded in the manifest.
 
 Only files named by a validated manifest line (``shard_NNNNNNNN.tar`` inside the folder) are
 ever opened; nothing is unpickled or executed, and no size read from a file is trusted before
@@ -38,6 +39,8 @@ SHARD_RE = re.compile(r"shard_[0-9]{8}")
 SHA_RE = re.compile(r"[0-9a-f]{64}")
 _SPACED_DIGITS = re.compile(rb"[0-9]\s+[0-9]")
 DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
+FORMATS = ("npy", "json.gz", "blocks", "blocks.zst")
+MAX_BLOCK_SIZE = 1 << 16
 ROWS_PER_BLOCK = 2048  # npy members checked at once: bounds memory whatever the chunk size
 MAX_REPORTED = 50
 
@@ -169,8 +172,10 @@ def _check_metadata(root: Path, report: VerifyReport) -> Optional[Dict[str, Any]
         need_int(key, 0)
     if meta.get("dtype") not in DTYPES:
         report.problem(f"tokshuf.json: dtype {meta.get('dtype')!r} is not uint16 or uint32")
-    if meta.get("format") not in ("npy", "json.gz"):
-        report.problem(f"tokshuf.json: format {meta.get('format')!r} is not npy or json.gz")
+    if meta.get("format") not in FORMATS:
+        report.problem(f"tokshuf.json: format {meta.get('format')!r} is not one of {', '.join(FORMATS)}")
+    elif str(meta["format"]).startswith("blocks"):
+        need_int("block_size", 1, MAX_BLOCK_SIZE)
     if not isinstance(meta.get("shuffle"), bool):
         report.problem(f"tokshuf.json: shuffle is {meta.get('shuffle')!r}, expected true or false")
     tok = meta.get("tokenizer")
@@ -359,6 +364,8 @@ def _check_shard(
         with open(p, "rb") as f:
             if meta["format"] == "npy":
                 ok = _check_npy_shard(f, name, size, meta, k, line["num_sequences"], header, report)
+            elif meta["format"].startswith("blocks"):
+                ok = _check_blocks_shard(f, name, size, meta, k, line["num_sequences"], report)
             else:
                 ok = _check_json_shard(f, name, size, meta, k, line["num_sequences"], report)
     except OSError as e:
@@ -681,3 +688,66 @@ def _check_ragged_shard(
     report.num_contexts += n
     if full and "sha256" in line and hashlib.sha256(data).hexdigest() != line["sha256"]:
         report.problem(f"{name}: sha256 differs from the manifest's")
+
+
+def _check_blocks_shard(f, name: str, size: int, meta: Dict[str, Any], k: int, n: int, report: VerifyReport) -> bool:
+    """A shard of 2-D npy members of ``block_size`` contexts (the last may hold fewer), each
+    zstd-compressed for ``blocks.zst``; members are walked one after the other."""
+    seqlen, dtype, vocab = meta["seqlen"], DTYPES[meta["dtype"]], meta["tokenizer"]["vocab_size"]
+    block, zst = meta["block_size"], meta["format"] == "blocks.zst"
+    pos = 0
+    for b, start in enumerate(range(0, n, block)):
+        rows = min(block, n - start)
+        member = f"{k:08d}_{b:08d}.npy" + (".zst" if zst else "")
+        head = f.read(TAR_BLOCK)
+        if len(head) < TAR_BLOCK:
+            report.problem(f"{name}: ends inside member {b} (truncated)")
+            return False
+        problem = _check_tar_header(head, member)
+        if problem:
+            report.problem(f"{name}: member {b}: {problem}")
+            return False
+        length = _parse_octal(head[124:136]) or 0
+        padded = -(-length // TAR_BLOCK) * TAR_BLOCK
+        if pos + TAR_BLOCK + padded > size:
+            report.problem(f"{name}: member {b}: size {length} runs past the end of the file")
+            return False
+        data = f.read(padded)
+        pos += TAR_BLOCK + padded
+        if any(data[length:]):
+            report.problem(f"{name}: member {b}: padding after the data is not zero")
+            return False
+        array_bytes = 256 + rows * seqlen * dtype.itemsize  # an npy header is far below 256 bytes
+        raw = data[:length]
+        if zst:
+            import zstandard
+
+            try:
+                raw = zstandard.ZstdDecompressor().decompress(raw, max_output_size=array_bytes)
+            except zstandard.ZstdError as e:
+                report.problem(f"{name}: member {b}: not a zstd frame of one block ({e})")
+                return False
+        try:
+            buf = io.BytesIO(raw)
+            np.lib.format.read_magic(buf)
+            shape, fortran, got = np.lib.format.read_array_header_1_0(buf)
+        except Exception as e:
+            report.problem(f"{name}: member {b}: npy header unreadable ({type(e).__name__}: {e})")
+            return False
+        if shape != (rows, seqlen) or fortran or got != dtype:
+            report.problem(
+                f"{name}: member {b}: npy header says shape {shape} dtype {got}, expected ({rows}, {seqlen}) {dtype}"
+            )
+            return False
+        ids = np.frombuffer(raw, dtype=dtype, offset=buf.tell())
+        if ids.size != rows * seqlen:
+            report.problem(f"{name}: member {b}: {ids.size} ids after the npy header, expected {rows * seqlen}")
+            return False
+        if ids.size and int(ids.max()) >= vocab:
+            report.problem(f"{name}: member {b}: id {int(ids.max())} >= vocab size {vocab}")
+            return False
+    trailer = f.read(2 * TAR_BLOCK + 1)
+    if trailer != bytes(2 * TAR_BLOCK):
+        report.problem(f"{name}: does not end with exactly two zero blocks after its last member")
+        return False
+    return True

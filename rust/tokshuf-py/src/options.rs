@@ -89,6 +89,7 @@ pub fn build_options(d: Option<&Bound<'_, PyDict>>) -> PyResult<BuildOptions> {
     o.pack_window = get(d, "pack_window", uint)?;
     o.bins = get(d, "bins", "a list of positive integers")?;
     o.bin_size = get(d, "bin_size", uint)?;
+    o.block_size = get(d, "block_size", uint)?;
     for key in d.keys() {
         let key: String = key.extract()?;
         if !KNOWN.contains(&key.as_str()) {
@@ -98,7 +99,7 @@ pub fn build_options(d: Option<&Bound<'_, PyDict>>) -> PyResult<BuildOptions> {
     Ok(o)
 }
 
-const KNOWN: [&str; 27] = [
+const KNOWN: [&str; 28] = [
     "inputs",
     "output",
     "tokenizer",
@@ -126,4 +127,5 @@ const KNOWN: [&str; 27] = [
     "pack_window",
     "bins",
     "bin_size",
+    "block_size",
 ];

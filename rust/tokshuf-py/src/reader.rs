@@ -112,14 +112,16 @@ impl PyCache {
     }
     #[getter]
     fn format(&self) -> &'static str {
-        match self.inner.meta.format {
-            tokshuf_core::format::Format::Npy => "npy",
-            tokshuf_core::format::Format::JsonGz => "json.gz",
-        }
+        self.inner.meta.format.name()
     }
     #[getter]
     fn chunk_size(&self) -> u64 {
         self.inner.meta.chunk_size
+    }
+    /// Contexts per tar member (1 but for the block formats).
+    #[getter]
+    fn block_size(&self) -> u64 {
+        self.inner.layout.block_size()
     }
     /// (Following a build: waits for the chunk plan.)
     #[getter]
@@ -150,10 +152,15 @@ impl PyCache {
         let seqlen = cache.seqlen();
         let batch = py
             .detach(move || -> tokshuf_core::Result<Batch> {
-                let locs = indices.iter().filter_map(|&i| cache.global_to_local(i));
-                fn fill<T: Id>(c: &Cache, l: impl Iterator<Item = (u64, u64)>, rows: usize) -> tokshuf_core::Result<Vec<T>> {
-                    let mut out = vec![T::default(); rows * c.seqlen()];
-                    c.read_many(l, &mut out).map(|_| out)
+                let locs: Vec<(u64, u64)> = indices.iter().filter_map(|&i| cache.global_to_local(i)).collect();
+                let locs = &locs[..];
+                fn fill<T: Id>(c: &Cache, l: &[(u64, u64)], rows: usize) -> tokshuf_core::Result<Vec<T>> {
+                    let n = rows * c.seqlen();
+                    let mut out = Vec::with_capacity(n);
+                    c.read_many(l, &mut out.spare_capacity_mut()[..n])?;
+                    // SAFETY: read_many wrote all n elements.
+                    unsafe { out.set_len(n) };
+                    Ok(out)
                 }
                 Ok(match dt {
                     OutDtype::U16 => Batch::U16(fill(&cache, locs, rows)?),

@@ -52,7 +52,15 @@ pub fn write_chunks(
     let out = format::bin_dir(&job.out, k);
     std::fs::create_dir_all(&out).map_err(|e| Error::io(&out, e))?;
     let bound = job.recipe.bins.as_ref().and_then(|b| b.get(k)).copied().unwrap_or(job.recipe.seqlen);
-    let spec = ShardSpec { out, format: job.recipe.format, dtype: job.recipe.dtype, seqlen: bound as u64, cancel: cancel.clone() };
+    let spec = ShardSpec {
+        out,
+        format: job.recipe.format,
+        dtype: job.recipe.dtype,
+        seqlen: bound as u64,
+        block_size: None,
+        zstd_level: None,
+        cancel: cancel.clone(),
+    };
     let ids = plan.ids(job.recipe.seed, chunks.clone(), pool);
     let spills = BinSpills::open(&job.work, plan.counts.len(), k, job.recipe.dtype.size() as u64);
     let sizes = plan.chunk_sizes();

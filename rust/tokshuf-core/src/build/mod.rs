@@ -79,6 +79,8 @@ impl Run<'_> {
             format: self.job.recipe.format,
             dtype: self.job.recipe.dtype,
             seqlen: self.job.recipe.seqlen as u64,
+            block_size: self.job.recipe.block_size,
+            zstd_level: self.job.recipe.zstd_level,
             cancel: self.cancel.clone(),
         }
     }

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use crate::error::{Error, Result};
-use crate::format::{ErrorPolicy, Format, Packing, Tail};
+use crate::format::{ErrorPolicy, Format, Packing, Tail, MAX_BLOCK_SIZE};
 use crate::tokenize::Backend;
 
 /// Everything a caller chooses. Only `threads`, `memory_limit`, `local_cell_dir` and
@@ -43,6 +43,8 @@ pub struct BuildOptions {
     pub bins: Option<Vec<u32>>,
     /// ... or their width (LDDL's equal-width bins; None with no `bins`: `seqlen / 16`, rounded up).
     pub bin_size: Option<u32>,
+    /// Contexts per member of a block format (None: `format::DEFAULT_BLOCK_SIZE`).
+    pub block_size: Option<u64>,
 }
 
 /// Length bins of an unpacked cache at most (sub-caches are named `bin_00` .. `bin_99`).
@@ -82,6 +84,7 @@ impl BuildOptions {
             pack_window: None,
             bins: None,
             bin_size: None,
+            block_size: None,
         }
     }
 
@@ -116,8 +119,15 @@ impl BuildOptions {
         if self.packing.is_unpacked() {
             self.bin_bounds()?;
             if self.format != Format::Npy {
-                return Err(Error::Config("packing=\"none\" writes npy members (format=\"npy\"); json.gz is not supported".into()));
+                return Err(Error::Config("packing=\"none\" writes variable-length npy members: it takes format=\"npy\" only".into()));
             }
+        }
+        match (self.format.is_blocked(), self.block_size) {
+            (false, Some(_)) => return Err(Error::Config("block_size is an option of format=\"blocks\" and \"blocks.zst\"".into())),
+            (_, Some(k)) if k == 0 || k > MAX_BLOCK_SIZE => {
+                return Err(Error::Config(format!("block_size must be in 1..={MAX_BLOCK_SIZE}, not {k}")))
+            }
+            _ => {}
         }
         if self.inputs.is_empty() {
             return Err(Error::Config("no input files".into()));

@@ -80,6 +80,8 @@ pub fn recipe(opts: &BuildOptions, tok: &Tokenizer) -> Result<Recipe> {
         packing: opts.packing,
         pack_window: (opts.packing == Packing::Bestfit).then(|| opts.pack_window.unwrap_or(super::options::DEFAULT_PACK_WINDOW)),
         bins: opts.packing.is_unpacked().then(|| opts.bin_bounds()).transpose()?,
+        block_size: opts.format.is_blocked().then(|| opts.block_size.unwrap_or(format::DEFAULT_BLOCK_SIZE)),
+        zstd_level: (opts.format == format::Format::BlocksZst).then_some(format::ZSTD_LEVEL),
     })
 }
 

@@ -9,13 +9,14 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
-use crate::format::{self, decode_ids, member_name, npy_header, Dtype, Format, ManifestLine};
+use crate::format::{self, decode_ids, member_name, npy_header, Blocking, Dtype, Format, ManifestLine};
 use crate::testhook;
 
 /// Writes members to a tar, hashing every byte on the way.
 pub struct ShardWriter {
     tar: tar::Builder<HashingWriter<BufWriter<File>>>,
     chunk: u64,
+    /// Members written so far.
     index: u64,
     format: Format,
     dtype: Dtype,
@@ -23,10 +24,30 @@ pub struct ShardWriter {
     buf: Vec<u8>,
     /// Where each member's tar header starts, then where the next one would (see `format::idx`).
     offsets: Vec<u64>,
+    /// Block formats: contexts per member, and the contexts of the member being filled.
+    blocking: Option<Blocking>,
+    pending: Vec<u8>,
+    pending_rows: u64,
+    zstd: Option<zstd::bulk::Compressor<'static>>,
 }
 
 impl ShardWriter {
-    pub fn create(path: &Path, chunk: u64, format: Format, dtype: Dtype, seqlen: u64) -> Result<Self> {
+    pub fn create(path: &Path, chunk: u64, spec: &ShardSpec) -> Result<Self> {
+        let (format, dtype, seqlen) = (spec.format, spec.dtype, spec.seqlen);
+        let blocking =
+            format.is_blocked().then(|| Blocking { block_size: spec.block_size.unwrap_or(format::DEFAULT_BLOCK_SIZE), seqlen, dtype });
+        let zstd = match format {
+            Format::BlocksZst => {
+                let level = spec.zstd_level.unwrap_or(format::ZSTD_LEVEL);
+                let mut z = zstd::bulk::Compressor::new(level).map_err(|e| Error::io(path, e))?;
+                // A checksum in every frame: a damaged member fails to decode instead of
+                // yielding wrong ids.
+                z.include_checksum(true).map_err(|e| Error::io(path, e))?;
+                z.include_contentsize(true).map_err(|e| Error::io(path, e))?;
+                Some(z)
+            }
+            _ => None,
+        };
         let f = File::create(path).map_err(|e| Error::io(path, e))?;
         let w = HashingWriter { inner: BufWriter::with_capacity(1 << 20, f), hasher: Sha256::new(), bytes: 0 };
         Ok(ShardWriter {
@@ -38,6 +59,10 @@ impl ShardWriter {
             npy_header: npy_header(dtype, seqlen),
             buf: Vec::new(),
             offsets: vec![0],
+            blocking,
+            pending: Vec::new(),
+            pending_rows: 0,
+            zstd,
         })
     }
 
@@ -63,7 +88,36 @@ impl ShardWriter {
                 gz.write_all(&json)?;
                 gz.finish()?;
             }
+            Format::Blocks | Format::BlocksZst => {
+                self.pending.extend_from_slice(raw);
+                self.pending_rows += 1;
+                if self.blocking.is_some_and(|b| self.pending_rows == b.block_size) {
+                    self.flush_block()?;
+                }
+                return Ok(());
+            }
         }
+        self.write_member()
+    }
+
+    /// Write the contexts gathered so far as one member of a block format.
+    fn flush_block(&mut self) -> std::io::Result<()> {
+        let Some(blocking) = self.blocking else { return Ok(()) };
+        if self.pending_rows == 0 {
+            return Ok(());
+        }
+        self.buf.clear();
+        self.buf.extend_from_slice(&blocking.header(self.pending_rows));
+        self.buf.extend_from_slice(&self.pending);
+        if let Some(z) = &mut self.zstd {
+            self.buf = z.compress(&self.buf)?;
+        }
+        self.pending.clear();
+        self.pending_rows = 0;
+        self.write_member()
+    }
+
+    fn write_member(&mut self) -> std::io::Result<()> {
         let mut header = tar::Header::new_ustar();
         header.set_path(member_name(self.chunk, self.index, self.format))?;
         header.set_size(self.buf.len() as u64);
@@ -94,7 +148,8 @@ impl ShardWriter {
     }
 
     /// Finish the archive, fsync it and return (bytes, sha256 hex).
-    pub fn finish(self) -> std::io::Result<(u64, String)> {
+    pub fn finish(mut self) -> std::io::Result<(u64, String)> {
+        self.flush_block()?;
         let w = self.tar.into_inner()?;
         let HashingWriter { inner, hasher, bytes } = w;
         let f = inner.into_inner().map_err(|e| e.into_error())?;
@@ -136,6 +191,9 @@ pub struct ShardSpec {
     pub format: Format,
     pub dtype: Dtype,
     pub seqlen: u64,
+    /// Block formats: contexts per member and (`blocks.zst`) the zstd level, from the recipe.
+    pub block_size: Option<u64>,
+    pub zstd_level: Option<i32>,
     pub cancel: Arc<AtomicBool>,
 }
 
@@ -168,7 +226,7 @@ pub fn write_ragged_shard(
         let tmp = format::tmp_name(&path);
         let idx_tmp = format::tmp_name(&idx_path);
         let mut write = || -> Result<(u64, String, u64)> {
-            let mut w = ShardWriter::create(&tmp, chunk, spec.format, spec.dtype, spec.seqlen)?;
+            let mut w = ShardWriter::create(&tmp, chunk, spec)?;
             let mut buf = Vec::new();
             let mut ids = 0;
             for i in 0..n as u64 {
@@ -240,7 +298,7 @@ pub fn write_shard(
     } else {
         let tmp = format::tmp_name(&path);
         let mut write = || -> Result<(u64, String)> {
-            let mut w = ShardWriter::create(&tmp, chunk, spec.format, spec.dtype, spec.seqlen)?;
+            let mut w = ShardWriter::create(&tmp, chunk, spec)?;
             let mut buf = vec![0u8; spec.context_bytes() as usize];
             for i in 0..n as u64 {
                 read(i, &mut buf)?;

@@ -52,7 +52,16 @@ impl Job {
         self.recipe.inputs.iter().map(|f| PathBuf::from(&f.path)).collect()
     }
     fn shard_spec(&self, cancel: Arc<AtomicBool>) -> ShardSpec {
-        ShardSpec { out: self.out.clone(), format: self.recipe.format, dtype: self.recipe.dtype, seqlen: self.recipe.seqlen as u64, cancel }
+        let r = &self.recipe;
+        ShardSpec {
+            out: self.out.clone(),
+            format: r.format,
+            dtype: r.dtype,
+            seqlen: r.seqlen as u64,
+            block_size: r.block_size,
+            zstd_level: r.zstd_level,
+            cancel,
+        }
     }
 }
 

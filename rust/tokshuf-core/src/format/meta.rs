@@ -40,12 +40,40 @@ impl Packing {
     }
 }
 
+/// How contexts are stored in a shard's tar members (DESIGN §3, docs/format.md §3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Format {
+    /// One 1-D npy array per context.
     #[serde(rename = "npy")]
     Npy,
+    /// One gzipped JSON list per context.
     #[serde(rename = "json.gz")]
     JsonGz,
+    /// One 2-D npy array of `block_size` contexts per member.
+    #[serde(rename = "blocks")]
+    Blocks,
+    /// The `blocks` members, each compressed as one zstd frame.
+    #[serde(rename = "blocks.zst")]
+    BlocksZst,
+}
+
+impl Format {
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Npy => "npy",
+            Format::JsonGz => "json.gz",
+            Format::Blocks => "blocks",
+            Format::BlocksZst => "blocks.zst",
+        }
+    }
+    /// Members hold `block_size` contexts each.
+    pub fn is_blocked(self) -> bool {
+        matches!(self, Format::Blocks | Format::BlocksZst)
+    }
+    /// Members differ in size: a shard is indexed by a scan of its tar headers.
+    pub fn variable_members(self) -> bool {
+        matches!(self, Format::JsonGz | Format::BlocksZst)
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -114,6 +142,12 @@ pub struct Recipe {
     /// Unpacked caches: the length bins' upper bounds, ascending, the last one `seqlen`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bins: Option<Vec<u32>>,
+    /// Contexts per member (block formats only, so other recipes are unchanged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_size: Option<u64>,
+    /// zstd level of the members (`blocks.zst` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zstd_level: Option<i32>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -260,6 +294,9 @@ pub struct Metadata {
     /// R* readers should use when none is given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ideal_readers: Option<u64>,
+    /// Contexts per member (block formats only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_size: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokshuf_version: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -337,6 +374,7 @@ impl Metadata {
             shuffle: recipe.shuffle,
             recipe: serde_json::to_value(recipe).unwrap_or_default(),
             ideal_readers: None,
+            block_size: recipe.block_size,
             tokshuf_version: Some(VERSION.to_string()),
             tokenizer: Some(recipe.tokenizer.clone()),
             eot_id: Some(recipe.eot_id),
@@ -397,7 +435,8 @@ fn choose<T: Copy>(name: &str, value: &str, table: &[(&str, T)]) -> crate::error
 impl std::str::FromStr for Format {
     type Err = crate::error::Error;
     fn from_str(s: &str) -> crate::error::Result<Self> {
-        choose("format", s, &[("npy", Format::Npy), ("json.gz", Format::JsonGz)])
+        let all = [Format::Npy, Format::JsonGz, Format::Blocks, Format::BlocksZst];
+        choose("format", s, &all.map(|f| (f.name(), f)))
     }
 }
 

@@ -12,7 +12,10 @@ mod meta;
 mod names;
 
 pub use atomic::{read_json, tmp_name, to_json_bytes, write_atomic, write_atomic_as};
-pub use layout::{decode_ids, member_name, npy_header, npy_stride, TAR_BLOCK};
+pub use layout::{
+    decode_ids, member_name, member_span, npy_header, npy_header_shaped, npy_stride, Blocking, DEFAULT_BLOCK_SIZE, MAX_BLOCK_SIZE,
+    TAR_BLOCK, ZSTD_LEVEL,
+};
 pub use manifest::ManifestLine;
 pub use meta::{
     BinInfo, Dtype, ErrorPolicy, FileSummary, Format, InputFile, Metadata, Packing, PackingFigures, Recipe, Status, Tail, TokenizerInfo,

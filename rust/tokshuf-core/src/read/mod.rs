@@ -2,8 +2,11 @@
 //! against R*, one rank's batches, reading a cache while it is built (follow mode), blends.
 
 pub mod blend;
+mod block_cache;
 pub mod cache;
+mod chunk;
 pub mod follow;
+mod manifest_line;
 mod members;
 pub mod order;
 pub(crate) mod per_process;

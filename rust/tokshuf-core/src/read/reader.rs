@@ -193,18 +193,23 @@ impl BatchSpec {
     }
 
     fn fill<T: Id>(&self, locs: &[Loc]) -> Result<Vec<T>> {
-        let mut out = vec![T::default(); locs.len() * self.seqlen];
-        // Runs of rows from one cache (all of them for a single cache) go through `read_many`,
-        // which keeps a chunk's mapping while consecutive rows stay in it.
+        let n = locs.len() * self.seqlen;
+        let mut out: Vec<T> = Vec::with_capacity(n);
+        // Rows of one cache at a time (all of them for a single cache) go through `read_many`.
         let mut start = 0;
+        let mut pairs = Vec::with_capacity(locs.len());
         while start < locs.len() {
             let k = locs[start].component;
             let end = locs[start..].iter().position(|l| l.component != k).map_or(locs.len(), |n| start + n);
             let cache = self.caches.get(k).ok_or_else(|| Error::Config(format!("source names component {k} of {}", self.caches.len())))?;
-            let rows = &mut out[start * self.seqlen..end * self.seqlen];
-            cache.read_many(locs[start..end].iter().map(|l| (l.chunk, l.index)), rows)?;
+            pairs.clear();
+            pairs.extend(locs[start..end].iter().map(|l| (l.chunk, l.index)));
+            let rows = &mut out.spare_capacity_mut()[start * self.seqlen..end * self.seqlen];
+            cache.read_many(&pairs, rows)?;
             start = end;
         }
+        // SAFETY: `read_many` wrote every element of every row, and the rows cover 0..n.
+        unsafe { out.set_len(n) };
         Ok(out)
     }
 }

@@ -206,7 +206,8 @@ impl UnpackedSpec {
         }
         let weights: Vec<f64> = drawn.iter().map(|&k| cache.infos[k].num_examples as f64).collect();
         let schedule = Schedule::new(&weights, DEFAULT_QUANTUM)?;
-        let orders = cache.bins.iter().map(|b| (!b.is_empty()).then(|| cache_source(&b.sizes(), b.meta.chunk_size, opts, false))).collect();
+        let orders =
+            cache.bins.iter().map(|b| (!b.is_empty()).then(|| cache_source(&b.sizes(), b.meta.chunk_size, 1, opts, false))).collect();
         let description = format!("unpacked-v1 q={:?} {}", schedule.quanta(), super::order::describe(cache.meta.chunk_size, opts, false));
         let pad_id = cache.meta.raw.get("pad_id").and_then(serde_json::Value::as_u64).unwrap_or(0) as u32;
         Ok(UnpackedSpec { cache, schedule, drawn, orders, batch_size, rank, world_size, dtype, pad_to, pad_id, description })
