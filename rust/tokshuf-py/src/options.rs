@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use tokshuf_core::build::BuildOptions;
+use tokshuf_core::format::InputKind;
 use tokshuf_core::tokenize::Backend;
 use tokshuf_core::Error;
 
@@ -87,6 +88,9 @@ pub fn build_options(d: Option<&Bound<'_, PyDict>>) -> PyResult<BuildOptions> {
         o.packing = v;
     }
     o.pack_window = get(d, "pack_window", uint)?;
+    if get(d, "shuffle_only", "True or False")?.unwrap_or(false) {
+        o.input_kind = InputKind::Shards;
+    }
     for key in d.keys() {
         let key: String = key.extract()?;
         if !KNOWN.contains(&key.as_str()) {
@@ -96,7 +100,7 @@ pub fn build_options(d: Option<&Bound<'_, PyDict>>) -> PyResult<BuildOptions> {
     Ok(o)
 }
 
-const KNOWN: [&str; 25] = [
+const KNOWN: [&str; 26] = [
     "inputs",
     "output",
     "tokenizer",
@@ -122,4 +126,5 @@ const KNOWN: [&str; 25] = [
     "tokenizer_backend",
     "packing",
     "pack_window",
+    "shuffle_only",
 ];

@@ -90,10 +90,8 @@ impl Steps {
     pub fn open(opts: BuildOptions) -> Result<Steps> {
         opts.validate()?;
         let tok = load_tokenizer(&opts)?;
-        let recipe = plan::recipe(&opts, &tok)?;
-        let work = resume::work_dir(&opts.output, opts.local_cell_dir.as_deref())?;
-        let cfg = steps::stage1_config(&recipe, &tok);
-        let job = Job { recipe, out: opts.output.clone(), work };
+        let job = steps::job(&opts, &tok)?;
+        let cfg = steps::stage1_config(&job.recipe, &tok);
         Ok(Steps { opts, job, cfg })
     }
 
@@ -108,7 +106,7 @@ impl Steps {
         (0..self.job.recipe.inputs.len()).filter(|&f| steps::summary(&self.job, f).ok().flatten().is_some()).collect()
     }
     fn summaries(&self) -> Result<Vec<FileSummary>> {
-        let n = self.job.recipe.inputs.len() + (self.job.recipe.tail == format::Tail::Stitch) as usize;
+        let n = self.job.recipe.inputs.len() + self.job.recipe.stitches() as usize;
         (0..n).map(|f| steps::summary(&self.job, f)?.ok_or_else(|| Error::Config(format!("stage 1 left file {f} unfinished")))).collect()
     }
     fn plan_path(&self) -> PathBuf {
@@ -120,7 +118,7 @@ impl Steps {
         testhook::init();
         let out = &self.job.out;
         let lock = BuildLock::acquire(out)?;
-        let start = match resume::prepare(out, &self.job.work, &self.job.recipe, self.opts.overwrite) {
+        let start = match resume::prepare(&self.job, self.opts.overwrite) {
             Ok(s) => s,
             Err(e) => {
                 if lock.created {
@@ -133,7 +131,7 @@ impl Steps {
             lock.remove()?;
             return Ok(Begun::Complete(meta));
         }
-        resume::init_work(&self.job.work, &self.job.recipe)?;
+        resume::init_work(&self.job)?;
         if !out.join(META_NAME).exists() {
             let shuffle = self.job.recipe.shuffle;
             let mut m = Metadata::new(&self.job.recipe, if shuffle { Status::Building } else { Status::Streaming }, build.clone());

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use crate::error::{Error, Result};
-use crate::format::{ErrorPolicy, Format, Packing, Tail};
+use crate::format::{ErrorPolicy, Format, InputKind, Packing, Tail};
 use crate::tokenize::Backend;
 
 /// Everything a caller chooses. Only `threads`, `memory_limit`, `local_cell_dir` and
@@ -39,6 +39,8 @@ pub struct BuildOptions {
     pub packing: Packing,
     /// Documents per best-fit window (None: `DEFAULT_PACK_WINDOW`).
     pub pack_window: Option<u64>,
+    /// jsonl to tokenize, or tar shards of contexts to shuffle again.
+    pub input_kind: InputKind,
 }
 
 /// Documents per best-fit window unless given: bounds the memory of packing one file.
@@ -73,6 +75,7 @@ impl BuildOptions {
             overwrite: false,
             packing: Packing::Concat,
             pack_window: None,
+            input_kind: InputKind::Jsonl,
         }
     }
 
@@ -98,6 +101,18 @@ impl BuildOptions {
             (Packing::Concat, Some(_)) => return Err(Error::Config("pack_window is an option of packing=\"bestfit\"".into())),
             (_, Some(0)) => return Err(Error::Config("pack_window must be positive, not 0".into())),
             _ => {}
+        }
+        if self.input_kind == InputKind::Shards {
+            // Contexts are taken as they are: nothing that shapes them from documents applies.
+            let shaping = [
+                (!self.shuffle, "shuffle=False"),
+                (!self.packing.is_concat(), "packing=\"bestfit\""),
+                (self.bos, "bos=True"),
+                (self.errors == ErrorPolicy::Skip, "errors=\"skip\""),
+            ];
+            if let Some((_, what)) = shaping.iter().find(|(on, _)| *on) {
+                return Err(Error::Config(format!("shuffle_only (shards as inputs) cannot be combined with {what}")));
+            }
         }
         if self.inputs.is_empty() {
             return Err(Error::Config("no input files".into()));

@@ -11,11 +11,11 @@ mod meta;
 mod names;
 
 pub use atomic::{read_json, tmp_name, to_json_bytes, write_atomic, write_atomic_as};
-pub use layout::{decode_ids, member_name, npy_header, npy_stride, TAR_BLOCK};
+pub use layout::{decode_ids, member_name, npy_header, npy_stride, parse_npy_ids, TAR_BLOCK};
 pub use manifest::ManifestLine;
 pub use meta::{
-    Dtype, ErrorPolicy, FileSummary, Format, InputFile, Metadata, Packing, PackingFigures, Recipe, Status, Tail, TokenizerInfo, Totals,
-    FORMAT_VERSION, VERSION,
+    Dtype, ErrorPolicy, FileSummary, Format, InputFile, InputKind, Metadata, Packing, PackingFigures, Recipe, Status, Tail, TokenizerInfo,
+    Totals, FORMAT_VERSION, VERSION,
 };
 pub use names::{is_data, is_ours, shard_path, shard_stem, LOCK_NAME, MANIFEST_NAME, META_NAME, WORK_NAME};
 
