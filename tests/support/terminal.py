@@ -146,5 +146,7 @@ def run_on_tty(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        if proc.stdout:
+            proc.stdout.close()
         os.close(master)
     return Result(code, out, received)

@@ -253,6 +253,10 @@ impl Consume<'_> {
             };
             pending.insert(seq, done);
             while let Some(done) = pending.remove(&next) {
+                // Small files arrive whole: a Ctrl-C must not wait for all of them.
+                if self.cancel.load(Ordering::Relaxed) {
+                    return Err(Error::Interrupted);
+                }
                 next += 1;
                 let _ = self.slot_rx.try_recv();
                 let file = match &done {
