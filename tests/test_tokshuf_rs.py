@@ -151,18 +151,17 @@ def test_dataset_record_is_rewritten_as_tokshuf_rs_does(workdir: Path) -> None:
         "size": None,
         "data_key": "json.gz",
     }
+    env = {"HF_HOME": str(workdir / "hf")}
+
+    def rewrite(record_in: str, record_out: str) -> subprocess.CompletedProcess:
+        r = tokshuf_rs(
+            workdir, README_COMMAND, env, "--dclm-compat", "--input-json", record_in, "--output-json", record_out
+        )
+        assert r.returncode == 0, r.stderr
+        return r
+
     (workdir / "in.json.gz").write_bytes(gzip.compress(json.dumps(record).encode()))
-    r = tokshuf_rs(
-        workdir,
-        README_COMMAND,
-        {"HF_HOME": str(workdir / "hf")},
-        "--dclm-compat",
-        "--input-json",
-        "in.json.gz",
-        "--output-json",
-        "out.json",
-    )
-    assert r.returncode == 0, r.stderr
+    r = rewrite("in.json.gz", "out.json")
     assert "tokshuf: warning: the record names no tokenizer" in r.stderr
     out = workdir / "path" / "to" / "output" / "location"
     text = (workdir / "out.json").read_text()
@@ -181,22 +180,12 @@ def test_dataset_record_is_rewritten_as_tokshuf_rs_does(workdir: Path) -> None:
 
     # What the record already says is kept; a token count that differs is reported.
     (workdir / "in2.json").write_text(json.dumps(dict(record, tokenizer="neox", num_tokens=7, size=1)))
-    r = tokshuf_rs(
-        workdir,
-        README_COMMAND,
-        {"HF_HOME": str(workdir / "hf")},
-        "--dclm-compat",
-        "--input-json",
-        "in2.json",
-        "--output-json",
-        "out2.json",
-    )
-    assert r.returncode == 0, r.stderr
+    r = rewrite("in2.json", "out2.json")
     assert "num_tokens (7) differs from the cache's" in r.stderr
     got = json.loads((workdir / "out2.json").read_text())
     assert (got["tokenizer"], got["num_tokens"], got["size"]) == ("neox", 7, 1)
 
-    r = tokshuf_rs(workdir, README_COMMAND, {"HF_HOME": str(workdir / "hf")}, "--input-json", "in2.json")
+    r = tokshuf_rs(workdir, README_COMMAND, env, "--input-json", "in2.json")
     assert r.returncode == 1 and "--input-json and --output-json go together" in r.stderr
 
 

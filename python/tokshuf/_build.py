@@ -47,7 +47,8 @@ class BuildStats:
             f"{text_rate}{self.num_tokens / max(self.seconds, 1e-9) / 1e6:.2f} Mtok/s",
         ]
         if m.get("recipe", {}).get("input_kind") == "shards":
-            lines.insert(1, f"  inputs      {len(m.get('inputs', [])):,} tar shards, their contexts shuffled again")
+            n = len(m.get("inputs", []))
+            lines.insert(1, f"  inputs      {n:,} tar shard{'s' * (n != 1)}, their contexts shuffled again")
         pack = m.get("packing_stats")
         if pack:
             lines.append(

@@ -330,7 +330,7 @@ mod tests {
     fn a_missing_input_is_an_error_naming_it() {
         let dir = tempfile::tempdir().unwrap();
         let missing = dir.path().join("nope.jsonl");
-        match input_files(&[missing.clone()]) {
+        match input_files(std::slice::from_ref(&missing)) {
             Err(Error::Io { path, .. }) => assert_eq!(path, missing),
             other => panic!("{:?}", other.map(|r| r.0)),
         }
