@@ -207,17 +207,18 @@ def test_the_same_build_spelled_otherwise_resumes(corpus, tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)
     relative = [os.path.relpath(p, tmp_path) for p in corpus]
     assert relative[0] == os.path.join("in", "part0.jsonl")
-    unfinished(relative, Path("cache"), monkeypatch, 400_000, tokenizer="neox.json")
+    stopped = run_to_pause(relative, Path("cache"), dict(OPTS, tokenizer="neox.json"), "stage1.file", tmp_path / "t0")
+    assert stopped == "stage1.file"  # killed once the first file was done
     done = build_status(tmp_path / "cache")["files_done"]
-    assert 1 <= done < len(corpus)
+    assert done == 1
 
     (tmp_path / "link").symlink_to(tmp_path / "in")
     linked = [tmp_path / "link" / p.name for p in corpus]
     trace = tmp_path / "trace.txt"
     monkeypatch.setenv("TOKSHUF_TEST_TRACE", str(trace))
     stats = tokshuf.build_cache(linked, tmp_path / "cache", **dict(OPTS, tokenizer=str(neox)))
-    # Only the files the first run left (and the stitched tails) were tokenized.
-    assert trace.read_text().splitlines().count("stage1.file") == len(corpus) - done + 1
+    # Only the files the first run left, and the stitched tails, were tokenized.
+    assert trace.read_text().splitlines().count("stage1.file") == len(corpus)  # 3 files + tails
     assert [f["path"] for f in stats.metadata["inputs"]] == [p.name for p in corpus]
     assert stats.metadata["build"]["input_root"] == str(tmp_path / "link")
 
