@@ -220,3 +220,34 @@ def test_s3_retries_sets_the_retries_of_each_request(workdir: Path, s3) -> None:
         assert r.returncode == 1 and "Traceback" not in r.stderr and url in r.stderr, r.stderr
         counts.append(proxy.requests - before)
     assert counts[1] > counts[0] >= 2
+
+
+def test_flags_given_win_over_dclm_compat() -> None:
+    from tokshuf.__main__ import make_parser
+    from tokshuf._cli_build import build_options
+    from tokshuf.exceptions import ConfigError
+
+    def options(*flags: str) -> dict:
+        return build_options(make_parser().parse_args(["build", "-i", "in", "-o", "out", *flags]))
+
+    keys = ("tokenizer", "seed", "format", "tail", "eot_id", "pad_id", "allow_special_tokens", "bos_id")
+    assert [options()[k] for k in keys] == ["tiktoken:r50k_base", 0, "npy", "stitch", None, None, False, None]
+    compat = options("--dclm-compat")
+    assert [compat[k] for k in keys] == ["EleutherAI/gpt-neox-20b", 1234, "json.gz", "pad", 0, DCLM_PAD, True, None]
+    given = options("--dclm-compat", "--seed", "3", "--format", "npy", "--pad-id", "1", "--no-allow-special-tokens")
+    assert [given[k] for k in keys] == ["EleutherAI/gpt-neox-20b", 3, "npy", "pad", 0, 1, False, None]
+    # Llama 3 through tokshuf-rs's tiktoken path: its padding id and <|begin_of_text|> first.
+    llama = options("--dclm-compat", "--tokenizer", "meta-llama/Meta-Llama-3-8B", "--use-tiktoken")
+    assert (llama["pad_id"], llama["bos"], llama["bos_id"], llama["tokenizer_backend"]) == (
+        128258,
+        True,
+        128000,
+        "fast",
+    )
+    assert llama["allow_special_tokens"] is False
+    # A tokenizer tokshuf-rs does not know keeps tokshuf's special ids.
+    other = options("--dclm-compat", "--tokenizer", "tiktoken:cl100k_base")
+    assert (other["eot_id"], other["pad_id"], other["allow_special_tokens"]) == (None, None, False)
+    assert options("--threads", "0")["threads"] is None
+    with pytest.raises(ConfigError, match="contradicts --tokenizer-backend reference"):
+        options("--use-tiktoken", "--tokenizer-backend", "reference")

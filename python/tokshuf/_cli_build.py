@@ -223,33 +223,32 @@ def build_options(args: argparse.Namespace) -> Dict[str, Any]:
     tokenizer = args.tokenizer or (_dclm.DCLM_TOKENIZER if compat else DEFAULT_TOKENIZER)
     conv = _dclm.conventions(tokenizer, args.use_tiktoken) if compat else None
 
-    def pick(given: Any, compat_value: Any, default: Any) -> Any:
+    def pick(given: Any, field: str, default: Any) -> Any:
+        """The flag's value if given, else tokshuf-rs's convention (with --dclm-compat), else ours."""
         if given is not None:
             return given
-        return compat_value if conv is not None and compat_value is not None else default
+        convention = getattr(conv, field) if conv is not None else None
+        return default if convention is None else convention
 
-    bos_id = pick(args.bos_id, conv.bos_id if conv else None, None)
+    bos_id = pick(args.bos_id, "bos_id", None)
+    # tokshuf-rs's Hugging Face path encodes as plain `encode` does; its tiktoken path does not.
+    hf_plain = compat and not args.use_tiktoken and not tokenizer.startswith("tiktoken:")
     return dict(
         tokenizer=tokenizer,
         seqlen=args.seqlen,
         chunk_size=args.chunk_size,
         num_local_cells=args.num_local_cells,
         local_cell_dir=args.local_cell_dir,
-        seed=pick(args.seed, conv and conv.seed, 0),
+        seed=pick(args.seed, "seed", 0),
         threads=args.threads or None,  # tokshuf-rs's 0: all cores
         text_key=args.text_key,
-        format=pick(args.format, conv and conv.format, "npy"),
-        tail=pick(args.tail, conv and conv.tail, "stitch"),
-        eot_id=pick(args.eot_id, conv and conv.eot_id, None),
-        pad_id=pick(args.pad_id, conv and conv.pad_id, None),
+        format=pick(args.format, "format", "npy"),
+        tail=pick(args.tail, "tail", "stitch"),
+        eot_id=pick(args.eot_id, "eot_id", None),
+        pad_id=pick(args.pad_id, "pad_id", None),
         bos=args.bos or bos_id is not None,
         bos_id=bos_id,
-        # tokshuf-rs's Hugging Face path encodes as plain `encode` does; its tiktoken path does not.
-        allow_special_tokens=pick(
-            args.allow_special_tokens,
-            compat and not args.use_tiktoken and not tokenizer.startswith("tiktoken:"),
-            False,
-        ),
+        allow_special_tokens=hf_plain if args.allow_special_tokens is None else args.allow_special_tokens,
         shuffle=args.shuffle,
         memory_limit=args.memory_limit,
         errors=args.errors,
