@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import io
 import json
 import os
 import subprocess
@@ -65,7 +64,7 @@ def test_cluster_is_multi_node_on_loopback(cluster: LocalCluster, record_propert
     assert not session.owned and len(session.nodes) == 3 and session.cpus == 3
     tasks = [_ray.Task(_ray.task_name("probe", i, 6, f"task {i}"), _where, (i,), 1) for i in range(6)]
     done = []
-    out = _ray.run_stage(session, "probe", tasks, _ray.Progress(False), lambda i, r: done.append(i))
+    out = _ray.run_stage(session, "probe", tasks, lambda i, r: done.append(i))
     assert sorted(done) == list(range(6))
     assert len(set(out.results)) >= 2, "tasks ran on one node only"
 
@@ -75,7 +74,7 @@ def test_failed_task_is_retried(cluster: LocalCluster, monkeypatch: pytest.Monke
     monkeypatch.setenv(_ray.FAULT_ENV, "flaky:1")
     session = _ray.connect("auto")
     tasks = [_ray.Task(f"flaky {i}", _flaky, (i,), 1) for i in range(3)]
-    out = _ray.run_stage(session, "flaky", tasks, _ray.Progress(False), lambda i, r: None)
+    out = _ray.run_stage(session, "flaky", tasks, lambda i, r: None)
     assert out.results == [0, 1, 4]
     assert out.retries == 1
 
@@ -85,7 +84,7 @@ def test_input_error_is_raised_with_its_type_not_retried(cluster: LocalCluster) 
     session = _ray.connect("auto")
     tasks = [_ray.Task(f"bad {i}", _bad_input, (i,), 1) for i in range(4)]
     with pytest.raises(InputError, match=r"^in2\.jsonl:7: invalid JSON$"):
-        _ray.run_stage(session, "bad", tasks, _ray.Progress(False), lambda i, r: None)
+        _ray.run_stage(session, "bad", tasks, lambda i, r: None)
 
 
 @pytest.mark.slow
@@ -137,28 +136,6 @@ def test_engine_ray_without_ray_is_a_clear_error(monkeypatch: pytest.MonkeyPatch
     with pytest.raises(ConfigError, match="ray_address"):
         tokshuf.build_cache(SAMPLE, tmp_path / "c", ray_address="auto", progress=False)
     assert not (tmp_path / "c").exists()
-
-
-def test_progress_line_per_stage(monkeypatch: pytest.MonkeyPatch) -> None:
-    class Tty(io.StringIO):
-        def isatty(self) -> bool:
-            return True
-
-    err = Tty()
-    monkeypatch.setattr(sys, "stderr", err)
-    bar = _ray.Progress(True)
-    bar.start("tokenize", 4)
-    bar.advance(4, 8_000_000, 2_000_000)
-    bar.end()
-    bar.start("write", 2)
-    bar.end()
-    lines = err.getvalue().split("\n")
-    assert lines[0].startswith("\rtokenize: 0/4") and "\rtokenize: 4/4 | " in lines[0] and "Mtok/s" in lines[0]
-    assert lines[1].startswith("\rwrite: 0/2") and lines[2] == ""
-    quiet = _ray.Progress(False)
-    quiet.start("tokenize", 1)
-    quiet.end()
-    assert err.getvalue().count("\n") == 2
 
 
 def test_core_package_never_imports_ray(tmp_path: Path) -> None:

@@ -160,7 +160,8 @@ def test_mixed_local_and_s3_inputs_in_sorted_order(s3: S3, tmp_path: Path) -> No
     upload_all(s3, files[1:], "corpus")
     stats = tokshuf.build_cache([s3.url("corpus"), files[0]], tmp_path / "out", **OPTS)
     names = [f["path"] for f in stats.metadata["inputs"]]
-    assert names == sorted([str(files[0]), *(s3.url(f"corpus/{f.name}") for f in files[1:])])
+    # URLs as given, local files relative to their folder: sorted together.
+    assert names == sorted([files[0].name, *(s3.url(f"corpus/{f.name}") for f in files[1:])])
     with pytest.raises(tokshuf.InputNotFoundError, match="nothing"):
         tokshuf.build_cache(s3.url("nothing/"), tmp_path / "none", **OPTS)
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, Optional, Sequence, Union
 
 from . import _core
-from ._inputs import PathLike, expand_inputs
+from ._inputs import PathLike, expand_inputs, input_suffixes
 from ._remote import build_to_url, is_url
 from .exceptions import ConfigError
 
@@ -35,6 +35,7 @@ class BuildStats:
     def summary(self) -> str:
         m = self.metadata
         build = m.get("build", {})
+        text_rate = f"{self.mb_per_s:.1f} MB/s of text, " if m.get("text_bytes") else ""
         lines = [
             f"tokshuf: {self.output} ({m['status']})",
             f"  tokenizer   {m['tokenizer']['spec']} [{m['tokenizer']['backend']}], vocab {m['tokenizer']['vocab_size']}, {m['dtype']}",
@@ -43,13 +44,16 @@ class BuildStats:
             f"({m.get('num_padding_tokens', 0):,} padding, {m.get('dropped_tokens', 0):,} dropped)",
             f"  chunks      {self.num_chunks:,} of {m['chunk_size']} ({m['format']}), {m.get('bytes_out', 0) / 1e6:,.1f} MB",
             f"  time        {self.seconds:.2f} s on {build.get('threads')} threads, "
-            f"{self.mb_per_s:.1f} MB/s of text, {self.num_tokens / max(self.seconds, 1e-9) / 1e6:.2f} Mtok/s",
+            f"{text_rate}{self.num_tokens / max(self.seconds, 1e-9) / 1e6:.2f} Mtok/s",
         ]
         if m.get("bins"):  # unpacked: examples of their own lengths, by bin
             lines[3] = (
                 f"  tokens      {self.num_tokens:,} in {self.num_contexts:,} examples of 1..{m['seqlen']} ids, "
                 f"in {len(m['bins'])} length bins (no padding)"
             )
+        if m.get("recipe", {}).get("input_kind") == "shards":
+            n = len(m.get("inputs", []))
+            lines.insert(1, f"  inputs      {n:,} tar shard{'s' * (n != 1)}, their contexts shuffled again")
         pack = m.get("packing_stats")
         if pack:
             lines.append(
@@ -99,6 +103,7 @@ def build_cache(
     block_size: Optional[int] = None,
     engine: str = "local",
     ray_address: Optional[str] = None,
+    shuffle_only: bool = False,
 ) -> BuildStats:
     """Tokenize jsonl corpora into a shuffled WebDataset cache (see README and docs/format.md).
 
@@ -127,6 +132,12 @@ def build_cache(
     docs/distributed.md): ``ray_address`` ``"auto"`` (default) joins the running cluster, else
     starts a local one; ``threads`` is then the CPUs (and threads) of each task. The cache is
     byte-identical to ``engine="local"``'s but for tokshuf.json's ``build``.
+
+    ``shuffle_only=True`` takes tar shards of contexts (a tokshuf cache's, or tokshuf-rs's) as
+    inputs instead of jsonl: each ``.npy`` or ``.json.gz`` member is one context, shuffled
+    again exactly as a build shuffles (directories are searched for ``.tar`` files).
+    ``tokenizer`` and ``seqlen`` must be those the shards were made with; nothing that shapes
+    contexts from documents (``tail``, ``packing``, ``bos``, ``text_key``) applies.
     """
     stats = run_build(**locals())
     if progress and sys.stderr.isatty():
@@ -136,10 +147,11 @@ def build_cache(
 
 def run_build(inputs: Union[PathLike, Iterable[PathLike]], output: PathLike, **options: Any) -> BuildStats:
     """``build_cache`` without printing its summary (the CLI prints it on stdout). The core
-    checks every option."""
+    checks every option. ``ext`` (the CLI's): the file names directories are searched for."""
     if is_url(output):
         local, overwrite = options.pop("local_cell_dir", None), options.pop("overwrite", False)
         return build_to_url(run_build, inputs, output, local, overwrite, **options)
+    suffixes = input_suffixes(options.pop("ext", None), bool(options.get("shuffle_only")))
     engine, ray_address = options.pop("engine", "local"), options.pop("ray_address", None)
     if engine not in ("local", "ray"):
         raise ConfigError(f"engine must be 'local' or 'ray', not {engine!r}")
@@ -147,7 +159,9 @@ def run_build(inputs: Union[PathLike, Iterable[PathLike]], output: PathLike, **o
         raise ConfigError("ray_address is an option of engine='ray'")
     local = options.get("local_cell_dir")
     options.update(
-        inputs=expand_inputs(inputs),
+        # Absolute: the core records them relative to their common folder anyway, and tasks of
+        # the Ray engine run in other working folders.
+        inputs=[p if is_url(p) else os.path.abspath(p) for p in expand_inputs(inputs, suffixes)],
         output=os.fspath(output),
         local_cell_dir=None if local is None else os.fspath(local),
     )

@@ -15,6 +15,7 @@ __all__ = [
     "BuildSteps",
     "Cache",
     "Prefetcher",
+    "Progress",
     "ReaderCore",
     "Tokenizer",
     "UnpackedCache",
@@ -59,6 +60,15 @@ class BuildSteps:
     def add_lines(self, first: int, lines: List[str]) -> None: ...
     def finish(self, build: str) -> str: ...
     def release(self) -> None: ...
+
+@final
+class Progress:
+    """The build's progress bars on stderr (nothing when stderr is not a terminal)."""
+
+    def __new__(cls, enabled: bool = True) -> Progress: ...
+    def stage(self, name: str, total: int, unit: str) -> None: ...
+    def advance(self, units: int, bytes: int = 0, tokens: int = 0) -> None: ...
+    def end(self) -> None: ...
 
 @final
 class Tokenizer:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -160,49 +159,6 @@ def span(items: Sequence[int], noun: str) -> str:
     return f"{noun} {items[0]}" if len(items) == 1 else f"{noun} {items[0]}-{items[-1]}"
 
 
-class Progress:
-    """One line per stage on stderr, advanced as tasks finish (the local engine's format)."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled and sys.stderr.isatty()
-        self.stage = ""
-        self.total = self.done = self.bytes = self.tokens = 0
-        self.t0 = self.last = time.monotonic()
-
-    def start(self, stage: str, total: int) -> None:
-        if self.enabled and self.stage:
-            sys.stderr.write("\n")
-        self.stage, self.total, self.done, self.bytes, self.tokens = stage, total, 0, 0, 0
-        self.t0 = time.monotonic()
-        self.draw(force=True)
-
-    def advance(self, units: int, nbytes: int = 0, tokens: int = 0) -> None:
-        self.done += units
-        self.bytes += nbytes
-        self.tokens += tokens
-        self.draw(force=False)
-
-    def end(self) -> None:
-        self.draw(force=True)
-        if self.enabled and self.stage:
-            sys.stderr.write("\n")
-        self.stage = ""
-
-    def draw(self, force: bool) -> None:
-        if not self.enabled or (not force and time.monotonic() - self.last < 0.2):
-            return
-        self.last = time.monotonic()
-        secs = max(self.last - self.t0, 1e-3)
-        eta = ""
-        if 0 < self.done < self.total:
-            eta = f", ETA {secs / self.done * (self.total - self.done):.0f}s"
-        sys.stderr.write(
-            f"\r{self.stage}: {self.done}/{self.total} | {self.bytes / 1e6 / secs:.1f} MB/s | "
-            f"{self.tokens / 1e6 / secs:.2f} Mtok/s | {secs:.0f}s{eta}   "
-        )
-        sys.stderr.flush()
-
-
 def _node_check(paths: List[str], version: str, args: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     """Runs on one node: which of ``paths`` it cannot see, its tokshuf version, and (``args``)
     the build's tokenizer loaded into this worker process for the tasks to come."""
@@ -317,7 +273,6 @@ def run_stage(
     session: Session,
     stage: str,
     tasks: List[Task],
-    progress: Progress,
     on_done: Callable[[int, Any], None],
 ) -> StageResult:
     """Run ``tasks`` on the cluster, results by task index; ``on_done`` is called on the driver
@@ -447,7 +402,11 @@ def build(args: Dict[str, Any], options: RayOptions, progress: bool) -> Dict[str
             t = time.monotonic()
             preflight_finish(session, checks)
             preflight_s = time.monotonic() - t
-            return _run(session, steps, args, options, cpus, progress, t0, connect_s, preflight_s)
+            bar = _core.Progress(progress)
+            try:
+                return _run(session, steps, args, options, cpus, bar, t0, connect_s, preflight_s)
+            finally:
+                bar.end()  # an error's message then starts on a line of its own
         except BaseException:
             steps.release()
             raise
@@ -461,12 +420,11 @@ def _run(
     args: Dict[str, Any],
     options: RayOptions,
     cpus: int,
-    progress: bool,
+    bar: Any,
     t0: float,
     connect_s: float,
     preflight_s: float,
 ) -> Dict[str, Any]:
-    bar = Progress(progress)
     slots = max(1, session.cpus // cpus)
     stages: Dict[str, StageResult] = {}
 
@@ -480,13 +438,13 @@ def _run(
         Task(task_name("stage1", i, len(groups), span(g, "files")), _stage1_task, (args, g), cpus)
         for i, g in enumerate(groups)
     ]
-    bar.start("tokenize", len(sizes))
+    bar.stage("tokenize", len(sizes), "files")
     bar.advance(len(done))
 
     def on_stage1(i: int, result: List[Dict[str, int]]) -> None:
         bar.advance(len(result), sum(sizes[r["file"]] for r in result), sum(r["num_tokens"] for r in result))
 
-    stages["tokenize"] = run_stage(session, "stage1", tasks, bar, on_stage1)
+    stages["tokenize"] = run_stage(session, "stage1", tasks, on_stage1)
     bar.end()
 
     # The chunk plan, on the driver.
@@ -502,7 +460,7 @@ def _run(
         Task(task_name("stage2", i, len(ranges), span([a, b - 1], "chunks")), _stage2_task, (args, a, b), cpus)
         for i, (a, b) in enumerate(ranges)
     ]
-    bar.start("write", num_chunks)
+    bar.stage("write", num_chunks, "chunks")
     bar.advance(listed)
 
     def on_stage2(i: int, lines: List[str]) -> None:
@@ -510,7 +468,7 @@ def _run(
         parsed = [json.loads(line) for line in lines]
         bar.advance(len(lines), sum(p["bytes"] for p in parsed), sum(p["num_tokens"] for p in parsed))
 
-    stages["write"] = run_stage(session, "stage2", tasks, bar, on_stage2)
+    stages["write"] = run_stage(session, "stage2", tasks, on_stage2)
     bar.end()
 
     record = build_record(session, cpus, stages, t0)

@@ -7,6 +7,7 @@ mod errors;
 mod fasttok;
 mod inputs;
 mod options;
+mod progress;
 mod reader;
 mod status;
 mod steps;
@@ -140,6 +141,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     status::register(m)?;
     inputs::register(m)?;
     fasttok::register(m)?;
+    progress::register(m)?;
     storage::register(m)?;
     steps::register(m)?;
     unpacked::register(m)?;

@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use tokshuf_core::build::BuildOptions;
+use tokshuf_core::format::InputKind;
 use tokshuf_core::tokenize::Backend;
 use tokshuf_core::Error;
 
@@ -90,6 +91,9 @@ pub fn build_options(d: Option<&Bound<'_, PyDict>>) -> PyResult<BuildOptions> {
     o.bins = get(d, "bins", "a list of positive integers")?;
     o.bin_size = get(d, "bin_size", uint)?;
     o.block_size = get(d, "block_size", uint)?;
+    if get(d, "shuffle_only", "True or False")?.unwrap_or(false) {
+        o.input_kind = InputKind::Shards;
+    }
     for key in d.keys() {
         let key: String = key.extract()?;
         if !KNOWN.contains(&key.as_str()) {
@@ -99,7 +103,7 @@ pub fn build_options(d: Option<&Bound<'_, PyDict>>) -> PyResult<BuildOptions> {
     Ok(o)
 }
 
-const KNOWN: [&str; 28] = [
+const KNOWN: [&str; 29] = [
     "inputs",
     "output",
     "tokenizer",
@@ -128,4 +132,5 @@ const KNOWN: [&str; 28] = [
     "bins",
     "bin_size",
     "block_size",
+    "shuffle_only",
 ];

@@ -96,10 +96,8 @@ impl Steps {
             ));
         }
         let tok = load_tokenizer(&opts)?;
-        let recipe = plan::recipe(&opts, &tok)?;
-        let work = resume::work_dir(&opts.output, opts.local_cell_dir.as_deref())?;
-        let cfg = steps::stage1_config(&recipe, &tok);
-        let job = Job { recipe, out: opts.output.clone(), work };
+        let job = steps::job(&opts, &tok)?;
+        let cfg = steps::stage1_config(&job.recipe, &tok);
         Ok(Steps { opts, job, cfg })
     }
 
@@ -126,7 +124,7 @@ impl Steps {
         testhook::init();
         let out = &self.job.out;
         let lock = BuildLock::acquire(out)?;
-        let start = match resume::prepare(out, &self.job.work, &self.job.recipe, self.opts.overwrite) {
+        let start = match resume::prepare(&self.job, self.opts.overwrite) {
             Ok(s) => s,
             Err(e) => {
                 if lock.created {
@@ -139,7 +137,7 @@ impl Steps {
             lock.remove()?;
             return Ok(Begun::Complete(meta));
         }
-        resume::init_work(&self.job.work, &self.job.recipe)?;
+        resume::init_work(&self.job)?;
         if !out.join(META_NAME).exists() {
             let shuffle = self.job.recipe.shuffle;
             let mut m = Metadata::new(&self.job.recipe, if shuffle { Status::Building } else { Status::Streaming }, build.clone());

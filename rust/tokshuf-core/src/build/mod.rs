@@ -22,6 +22,7 @@ pub mod plan;
 pub mod progress;
 pub mod resume;
 pub mod shard;
+mod shards;
 mod spills;
 pub mod stage1;
 pub mod steps;
@@ -62,7 +63,10 @@ pub(crate) struct Run<'a> {
 
 impl Run<'_> {
     fn build_info(&self) -> Value {
-        build_info(self.threads, &self.timings, self.t0)
+        let mut info = build_info(self.threads, &self.timings, self.t0);
+        // Where this run found the local inputs that the recipe names relative to it.
+        info["input_root"] = json!(self.job.input_root.as_ref().map(|r| r.to_string_lossy()));
+        info
     }
     fn metadata(&self, status: Status) -> Metadata {
         Metadata::new(&self.job.recipe, status, self.build_info())
@@ -100,13 +104,12 @@ impl Run<'_> {
 pub fn build(opts: &BuildOptions, cancel: Arc<AtomicBool>) -> Result<Metadata> {
     let t0 = Instant::now();
     testhook::init();
-    let (recipe, tok) = steps::plan(opts)?;
-    let out = opts.output.clone();
-    let work = resume::work_dir(&out, opts.local_cell_dir.as_deref())?;
+    let (job, tok) = steps::plan(opts)?;
+    let (out, work) = (job.out.clone(), job.work.clone());
     // Held for the whole run: refuses a second build into the same folder, and tells a reader
     // following this build whether it is still alive (see format::lock).
     let lock = BuildLock::acquire(&out)?;
-    let start = match resume::prepare(&out, &work, &recipe, opts.overwrite) {
+    let start = match resume::prepare(&job, opts.overwrite) {
         Ok(s) => s,
         Err(e) => {
             if lock.created {
@@ -119,7 +122,7 @@ pub fn build(opts: &BuildOptions, cancel: Arc<AtomicBool>) -> Result<Metadata> {
         lock.remove()?;
         return Ok(*meta);
     }
-    resume::init_work(&work, &recipe)?;
+    resume::init_work(&job)?;
 
     let threads = opts.threads();
     let pool = Arc::new(
@@ -129,18 +132,8 @@ pub fn build(opts: &BuildOptions, cancel: Arc<AtomicBool>) -> Result<Metadata> {
             .build()
             .map_err(|e| Error::Config(format!("cannot start {threads} threads: {e}")))?,
     );
-    let cfg = steps::stage1_config(&recipe, &tok);
-    let mut run = Run {
-        opts,
-        job: Job { recipe, out: out.clone(), work: work.clone() },
-        cfg,
-        pool,
-        cancel,
-        progress: Progress::new(opts.progress),
-        threads,
-        t0,
-        timings: BTreeMap::new(),
-    };
+    let cfg = steps::stage1_config(&job.recipe, &tok);
+    let mut run = Run { opts, job, cfg, pool, cancel, progress: Progress::new(opts.progress), threads, t0, timings: BTreeMap::new() };
     // A resumed build keeps the metadata it has: a reader following the build must never see
     // it go back (say from "writing", with the chunk plan, to "building").
     let streams = !run.job.recipe.shuffle && !run.job.recipe.packing.is_unpacked();
@@ -186,7 +179,7 @@ fn build_shuffled(run: &mut Run<'_>, manifest: &mut Manifest) -> Result<(ChunkPl
 
     let t = Instant::now();
     let listed = manifest.lines.len() as u64;
-    run.progress.stage("write", plan.num_chunks());
+    run.progress.stage("write", plan.num_chunks(), "chunks");
     run.progress.advance(listed, 0, 0);
     let budget_ids = run.budget_ids(plan.chunk_size);
     let shared = Mutex::new(&mut *manifest);
@@ -217,7 +210,7 @@ fn build_unpacked(run: &mut Run<'_>) -> Result<Metadata> {
     testhook::point("plan");
 
     let t = Instant::now();
-    run.progress.stage("write", plans.iter().map(ChunkPlan::num_chunks).sum());
+    run.progress.stage("write", plans.iter().map(ChunkPlan::num_chunks).sum(), "chunks");
     let progress = &run.progress;
     let on_chunk = |_: u64, line: &format::ManifestLine| -> Result<()> {
         progress.advance(1, line.bytes(), line.num_tokens());
@@ -246,7 +239,7 @@ fn run_stage1(run: &mut Run<'_>) -> Result<Vec<format::FileSummary>> {
     let t = Instant::now();
     let nfiles = run.nfiles();
     let done = (0..nfiles).filter(|&f| stage1::summary_path(&run.job.work, f).exists()).count();
-    run.progress.stage("tokenize", nfiles as u64);
+    run.progress.stage("tokenize", nfiles as u64, "files");
     run.progress.advance(done as u64, 0, 0);
     let files: Vec<usize> = (0..nfiles).collect();
     let inputs = &run.job.recipe.inputs;

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use crate::error::{Error, Result};
-use crate::format::{ErrorPolicy, Format, Packing, Tail, MAX_BLOCK_SIZE};
+use crate::format::{ErrorPolicy, Format, InputKind, Packing, Tail, MAX_BLOCK_SIZE};
 use crate::tokenize::Backend;
 
 /// Everything a caller chooses. Only `threads`, `memory_limit`, `local_cell_dir` and
@@ -45,6 +45,8 @@ pub struct BuildOptions {
     pub bin_size: Option<u32>,
     /// Contexts per member of a block format (None: `format::DEFAULT_BLOCK_SIZE`).
     pub block_size: Option<u64>,
+    /// jsonl to tokenize, or tar shards of contexts to shuffle again.
+    pub input_kind: InputKind,
 }
 
 /// Length bins of an unpacked cache at most (sub-caches are named `bin_00` .. `bin_99`).
@@ -85,6 +87,7 @@ impl BuildOptions {
             bins: None,
             bin_size: None,
             block_size: None,
+            input_kind: InputKind::Jsonl,
         }
     }
 
@@ -128,6 +131,18 @@ impl BuildOptions {
                 return Err(Error::Config(format!("block_size must be in 1..={MAX_BLOCK_SIZE}, not {k}")))
             }
             _ => {}
+        }
+        if self.input_kind == InputKind::Shards {
+            // Contexts are taken as they are: nothing that shapes them from documents applies.
+            let shaping = [
+                (!self.shuffle, "shuffle=False"),
+                (!self.packing.is_concat(), "a packing other than \"concat\""),
+                (self.bos, "bos=True"),
+                (self.errors == ErrorPolicy::Skip, "errors=\"skip\""),
+            ];
+            if let Some((_, what)) = shaping.iter().find(|(on, _)| *on) {
+                return Err(Error::Config(format!("shuffle_only (shards as inputs) cannot be combined with {what}")));
+            }
         }
         if self.inputs.is_empty() {
             return Err(Error::Config("no input files".into()));

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::build::stage1;
+use crate::build::steps::Job;
 use crate::error::{Error, Result};
 use crate::format::{self, is_data, is_ours, Metadata, Recipe, Status, MANIFEST_NAME, META_NAME, WORK_NAME};
 use crate::hash;
@@ -46,16 +47,18 @@ pub struct InputStamp {
     pub mtime_ns: u64,
 }
 
-pub fn stamps(recipe: &Recipe) -> Result<Vec<InputStamp>> {
-    recipe
+/// The inputs of `job` as they are now.
+pub fn stamps(job: &Job) -> Result<Vec<InputStamp>> {
+    job.recipe
         .inputs
         .iter()
-        .map(|f| {
+        .zip(job.paths())
+        .map(|(f, open)| {
             if crate::storage::Location::is_url(&f.path) {
                 let bytes = crate::storage::input_size(&f.path)?;
                 return Ok(InputStamp { path: f.path.clone(), bytes, mtime_ns: 0 });
             }
-            let md = std::fs::metadata(&f.path).map_err(|e| Error::io(&f.path, e))?;
+            let md = std::fs::metadata(&open).map_err(|e| Error::io(&open, e))?;
             let mtime_ns = md.modified().ok().and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map_or(0, |d| d.as_nanos() as u64);
             Ok(InputStamp { path: f.path.clone(), bytes: md.len(), mtime_ns })
         })
@@ -87,8 +90,9 @@ fn read_work_state(work: &Path) -> Option<WorkState> {
     format::read_json(&work.join(WORK_STATE)).ok()
 }
 
-/// Decide what to do with the output folder, clearing it when starting over.
-pub fn prepare(output: &Path, work: &Path, recipe: &Recipe, overwrite: bool) -> Result<Start> {
+/// Decide what to do with the output folder of `job`, clearing it when starting over.
+pub fn prepare(job: &Job, overwrite: bool) -> Result<Start> {
+    let (output, work, recipe) = (job.out.as_path(), job.work.as_path(), &job.recipe);
     if !output.exists() {
         std::fs::create_dir_all(output).map_err(|e| Error::io(output, e))?;
     }
@@ -148,7 +152,7 @@ pub fn prepare(output: &Path, work: &Path, recipe: &Recipe, overwrite: bool) -> 
         return Ok(Start::Complete(Box::new(m.clone())));
     }
     if let Some(w) = &work_state {
-        let changed = changed_inputs(w)?;
+        let changed = changed_inputs(w, job)?;
         if !changed.is_empty() {
             return Err(Error::OutputExists(format!(
                 "{}: input files changed since this unfinished build started ({}); pass overwrite=True (--overwrite) to start over",
@@ -160,18 +164,20 @@ pub fn prepare(output: &Path, work: &Path, recipe: &Recipe, overwrite: bool) -> 
     Ok(Start::Resume)
 }
 
-fn changed_inputs(w: &WorkState) -> Result<Vec<String>> {
-    let now = stamps(&w.recipe)?;
+/// Inputs of the unfinished build `w` whose size or mtime differ now (`job` has its recipe).
+fn changed_inputs(w: &WorkState, job: &Job) -> Result<Vec<String>> {
+    let now = stamps(job)?;
     Ok(w.inputs
         .iter()
         .zip(&now)
-        .filter(|(a, b)| a != b)
+        .zip(job.paths())
+        .filter(|((a, b), _)| a != b)
         .take(5)
-        .map(|(a, b)| {
+        .map(|((a, b), path)| {
             if a.bytes != b.bytes {
-                format!("{}: size {} -> {}", a.path, a.bytes, b.bytes)
+                format!("{}: size {} -> {}", path.display(), a.bytes, b.bytes)
             } else {
-                format!("{}: modified (mtime changed)", a.path)
+                format!("{}: modified (mtime changed)", path.display())
             }
         })
         .collect())
@@ -196,9 +202,10 @@ pub fn remove_tree(p: &Path) -> Result<()> {
     r.map_err(|e| Error::io(p, e))
 }
 
-/// Create the work folder for `recipe`, or keep it if it already belongs to it. A work folder
-/// of another recipe (possible under `local_cell_dir`) is stale and cleared.
-pub fn init_work(work: &Path, recipe: &Recipe) -> Result<()> {
+/// Create the work folder of `job`, or keep it if it already belongs to its recipe. A work
+/// folder of another recipe (possible under `local_cell_dir`) is stale and cleared.
+pub fn init_work(job: &Job) -> Result<()> {
+    let (work, recipe) = (job.work.as_path(), &job.recipe);
     if let Some(w) = read_work_state(work) {
         if &w.recipe == recipe {
             return Ok(());
@@ -206,7 +213,7 @@ pub fn init_work(work: &Path, recipe: &Recipe) -> Result<()> {
     }
     remove_tree(work)?;
     std::fs::create_dir_all(work).map_err(|e| Error::io(work, e))?;
-    let state = WorkState { recipe: recipe.clone(), inputs: stamps(recipe)? };
+    let state = WorkState { recipe: recipe.clone(), inputs: stamps(job)? };
     format::write_atomic(&work.join(WORK_STATE), &format::to_json_bytes(&state))
 }
 

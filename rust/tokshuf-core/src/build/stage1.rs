@@ -40,6 +40,10 @@ pub struct Stage1Config {
     /// Unpacked: every document (cut at `seqlen`) is an example, in the first bin whose upper
     /// bound holds it.
     pub bins: Option<Vec<u32>>,
+    /// Ids must be below this (checked where they are not made here: shards as inputs).
+    pub vocab_size: u32,
+    /// The inputs as the recipe records them: how tokshuf.json names a skipped line's file.
+    pub input_names: Vec<String>,
 }
 
 pub fn spill_path(work: &Path, file: usize) -> PathBuf {
@@ -263,6 +267,10 @@ impl Consume<'_> {
             };
             pending.insert(seq, done);
             while let Some(done) = pending.remove(&next) {
+                // Small files arrive whole: a Ctrl-C must not wait for all of them.
+                if self.cancel.load(Ordering::Relaxed) {
+                    return Err(Error::Interrupted);
+                }
                 next += 1;
                 let _ = self.slot_rx.try_recv();
                 let file = match &done {
@@ -278,7 +286,7 @@ impl Consume<'_> {
                     Done::Lines { out, .. } => {
                         let t = out?;
                         let w = writers.get_mut(&file).expect("inserted above");
-                        w.absorb(cfg, &paths[file], t)?;
+                        w.absorb(cfg, name(cfg, file), t)?;
                         let every = self.schedule.notify_every;
                         let n = w.summary.num_contexts;
                         if every > 0 && n / every > w.notified / every {
@@ -297,7 +305,7 @@ impl Consume<'_> {
                             ErrorPolicy::Raise => {
                                 return Err(Error::BadInput { path: paths[file].clone(), line, reason, kind: SkipReason::CorruptStream })
                             }
-                            ErrorPolicy::Skip => w.skip(&paths[file], SkipReason::CorruptStream, line, &reason),
+                            ErrorPolicy::Skip => w.skip(name(cfg, file), SkipReason::CorruptStream, line, &reason),
                         }
                     }
                     Done::Passthrough(Job::FileEnd { .. }) => {
@@ -317,6 +325,11 @@ impl Consume<'_> {
         }
         Ok(())
     }
+}
+
+/// How tokshuf.json names input `file`.
+fn name(cfg: &Stage1Config, file: usize) -> &str {
+    cfg.input_names.get(file).map_or("", String::as_str)
 }
 
 fn tokenize_batch(cfg: &Stage1Config, path: &Path, first_line: u64, buf: &[u8], ends: &[usize]) -> Result<Tokenized> {
@@ -371,14 +384,15 @@ impl Write for SharedFile {
     }
 }
 
-/// Cuts one file's id stream into contexts and appends them to its spill.
-struct FileWriter {
+/// Cuts one file's id stream into contexts and appends them to its spill (also used by
+/// `shards`, whose contexts come whole).
+pub(super) struct FileWriter {
     out: BufWriter<SharedFile>,
     shared: Arc<File>,
-    tmp: PathBuf,
+    pub(super) tmp: PathBuf,
     cur: Vec<u32>,
     bytes: Vec<u8>,
-    summary: FileSummary,
+    pub(super) summary: FileSummary,
     notified: u64,
     /// Best-fit packing: the documents of the current window, and where the file's id stream
     /// would be under concat (to count the documents concat would split).
@@ -390,7 +404,7 @@ struct FileWriter {
 }
 
 impl FileWriter {
-    fn create(cfg: &Stage1Config, work: &Path, file: usize, buffer: usize) -> Result<Self> {
+    pub(super) fn create(cfg: &Stage1Config, work: &Path, file: usize, buffer: usize) -> Result<Self> {
         let tmp = format::tmp_name(&spill_path(work, file));
         let f =
             std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&tmp).map_err(|e| Error::io(&tmp, e))?;
@@ -434,17 +448,17 @@ impl FileWriter {
         self.concat_pos += n as u64;
     }
 
-    fn skip(&mut self, path: &Path, kind: SkipReason, line: u64, reason: &str) {
+    fn skip(&mut self, name: &str, kind: SkipReason, line: u64, reason: &str) {
         *self.summary.skipped.entry(kind.name().to_string()).or_default() += 1;
         let ex = self.summary.skipped_examples.entry(kind.name().to_string()).or_default();
         if ex.len() < MAX_EXAMPLES {
-            ex.push(format!("{}:{line}: {reason}", path.display()));
+            ex.push(format!("{name}:{line}: {reason}"));
         }
     }
 
-    fn absorb(&mut self, cfg: &Stage1Config, path: &Path, t: Tokenized) -> Result<()> {
+    fn absorb(&mut self, cfg: &Stage1Config, name: &str, t: Tokenized) -> Result<()> {
         for (kind, line, reason) in &t.skipped {
-            self.skip(path, *kind, *line, reason);
+            self.skip(name, *kind, *line, reason);
         }
         let s = &mut self.summary;
         s.num_documents += t.documents;
@@ -533,14 +547,15 @@ impl FileWriter {
         Ok(())
     }
 
-    fn write_context(&mut self, cfg: &Stage1Config, ids: &[u32]) -> Result<()> {
+    pub(super) fn write_context(&mut self, cfg: &Stage1Config, ids: &[u32]) -> Result<()> {
         encode_ids(cfg.dtype, ids, &mut self.bytes);
         crate::testhook::charge(self.bytes.len()).and_then(|_| self.out.write_all(&self.bytes)).map_err(|e| Error::io(&self.tmp, e))?;
         self.summary.num_contexts += 1;
         Ok(())
     }
 
-    fn finish(mut self, cfg: &Stage1Config, tail_policy: Tail, work: &Path, file: usize) -> Result<(FileSummary, u64)> {
+    /// Publish the spill (fsync, rename) and then the summary that marks the file done.
+    pub(super) fn finish(mut self, cfg: &Stage1Config, tail_policy: Tail, work: &Path, file: usize) -> Result<(FileSummary, u64)> {
         if cfg.pack_window.is_some() {
             self.pack_window(cfg)?; // best fit has no tail: the last window is packed like any
         }
@@ -584,9 +599,7 @@ impl FileWriter {
 pub fn write_stitched(cfg: &Stage1Config, work: &Path, file: usize, ids: &[u32]) -> Result<FileSummary> {
     let mut w = FileWriter::create(cfg, work, file, 1 << 20)?;
     let tmp = w.tmp.clone();
-    let r = w
-        .absorb(cfg, Path::new(""), Tokenized { ids: ids.to_vec(), ..Default::default() })
-        .and_then(|_| w.finish(cfg, Tail::Pad, work, file));
+    let r = w.absorb(cfg, "", Tokenized { ids: ids.to_vec(), ..Default::default() }).and_then(|_| w.finish(cfg, Tail::Pad, work, file));
     if r.is_err() {
         let _ = std::fs::remove_file(tmp);
     }
@@ -634,6 +647,8 @@ mod tests {
             errors,
             pack_window: None,
             bins: None,
+            vocab_size: 256,
+            input_names: vec!["in.jsonl".into()],
         }
     }
 

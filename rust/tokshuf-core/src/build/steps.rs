@@ -5,7 +5,8 @@
 //! elsewhere, writes the same bytes.
 //!
 //! 1. [`plan`]: options -> recipe (and the loaded tokenizer).
-//! 2. [`stage1_file`]: one input file -> its spill and summary in the work folder.
+//! 2. [`stage1_files`]: input files -> their spills and summaries in the work folder (jsonl
+//!    tokenized by `stage1`, or tar shards of contexts read by `shards`).
 //! 3. [`stitch`] (tail "stitch" only): the files' tails -> one more spill and summary.
 //! 4. [`ChunkPlan::new`]: the summaries -> which contexts form which chunk.
 //! 5. [`stage2_chunks`]: a range of chunks -> their shards in the output, and manifest lines.
@@ -28,11 +29,12 @@ use super::cells::pack;
 use super::manifest::manifest_text;
 use super::plan::{self, ChunkPlan};
 use super::shard::{write_shard, ShardSpec};
+use super::shards;
 use super::spills::Spills;
 use super::stage1::{self, Schedule, Stage1Config};
 use super::BuildOptions;
 use crate::error::{Error, Result};
-use crate::format::{self, FileSummary, ManifestLine, Metadata, Recipe, Status, Totals, MANIFEST_NAME, META_NAME};
+use crate::format::{self, FileSummary, InputKind, ManifestLine, Metadata, Recipe, Status, Totals, MANIFEST_NAME, META_NAME};
 use crate::testhook;
 use crate::tokenize::Tokenizer;
 
@@ -45,11 +47,22 @@ pub struct Job {
     /// The work folder of stage 1's spills and summaries (must be shared by the machines that
     /// run stage 1 and stage 2 of the same files).
     pub work: PathBuf,
+    /// The folder the recipe's local input paths are relative to, on this machine.
+    pub input_root: Option<PathBuf>,
 }
 
 impl Job {
+    /// Where each input file is, in recipe order: a URL as recorded, a local file under
+    /// `input_root`.
     pub fn paths(&self) -> Vec<PathBuf> {
-        self.recipe.inputs.iter().map(|f| PathBuf::from(&f.path)).collect()
+        self.recipe
+            .inputs
+            .iter()
+            .map(|f| match &self.input_root {
+                Some(root) if !crate::storage::Location::is_url(&f.path) => root.join(&f.path),
+                _ => PathBuf::from(&f.path),
+            })
+            .collect()
     }
     fn shard_spec(&self, cancel: Arc<AtomicBool>) -> ShardSpec {
         let r = &self.recipe;
@@ -65,12 +78,18 @@ impl Job {
     }
 }
 
-/// Step 1: load the tokenizer and make the recipe.
-pub fn plan(opts: &BuildOptions) -> Result<(Recipe, Tokenizer)> {
+/// Step 1: load the tokenizer and make the recipe; the job of building it into `opts.output`.
+pub fn plan(opts: &BuildOptions) -> Result<(Job, Tokenizer)> {
     opts.validate()?;
     let tok = Tokenizer::load(&opts.tokenizer, opts.allow_special_tokens, opts.tokenizer_backend)?;
-    let recipe = plan::recipe(opts, &tok)?;
-    Ok((recipe, tok))
+    Ok((job(opts, &tok)?, tok))
+}
+
+/// The job of building `opts` with `tok` (loaded from `opts.tokenizer`).
+pub fn job(opts: &BuildOptions, tok: &Tokenizer) -> Result<Job> {
+    let (recipe, input_root) = plan::recipe(opts, tok)?;
+    let work = super::resume::work_dir(&opts.output, opts.local_cell_dir.as_deref())?;
+    Ok(Job { recipe, out: opts.output.clone(), work, input_root })
 }
 
 /// What stage 1 needs of the recipe and tokenizer.
@@ -87,6 +106,8 @@ pub fn stage1_config(recipe: &Recipe, tok: &Tokenizer) -> Arc<Stage1Config> {
         errors: recipe.errors,
         pack_window: recipe.pack_window.map(|w| w as usize),
         bins: recipe.bins.clone(),
+        vocab_size: recipe.tokenizer.vocab_size,
+        input_names: recipe.inputs.iter().map(|f| f.path.clone()).collect(),
     })
 }
 
@@ -112,13 +133,18 @@ pub fn stage1_files(
 ) -> Result<Vec<FileSummary>> {
     std::fs::create_dir_all(&job.work).map_err(|e| Error::io(&job.work, e))?;
     let todo: Vec<usize> = files.iter().copied().filter(|&f| !stage1::summary_path(&job.work, f).exists()).collect();
-    let schedule = Schedule { window: 1, notify_every: 0, batch_bytes: stage1::BATCH_BYTES };
-    stage1::run(cfg, &job.paths(), &todo, &job.work, pool, cancel, schedule, |ev| {
-        if let stage1::Event::Done { file, summary, .. } = ev {
-            on_done(file, summary);
+    match job.recipe.input_kind {
+        InputKind::Shards => shards::run(cfg, &job.paths(), &todo, &job.work, pool, cancel, on_done)?,
+        InputKind::Jsonl => {
+            let schedule = Schedule { window: 1, notify_every: 0, batch_bytes: stage1::BATCH_BYTES };
+            stage1::run(cfg, &job.paths(), &todo, &job.work, pool, cancel, schedule, |ev| {
+                if let stage1::Event::Done { file, summary, .. } = ev {
+                    on_done(file, summary);
+                }
+                Ok(())
+            })?;
         }
-        Ok(())
-    })?;
+    }
     files.iter().map(|&f| summary(job, f)?.ok_or_else(|| Error::Config(format!("stage 1 left file {f} unfinished")))).collect()
 }
 

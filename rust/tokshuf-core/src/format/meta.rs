@@ -40,6 +40,24 @@ impl Packing {
     }
 }
 
+/// What the input files hold.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InputKind {
+    /// jsonl documents, tokenized and windowed (DESIGN §4).
+    #[default]
+    Jsonl,
+    /// Tar shards of contexts (a tokshuf or tokshuf-rs cache's): each member is one context,
+    /// taken as it is and shuffled again (`--shuffle-only`).
+    Shards,
+}
+
+impl InputKind {
+    pub fn is_jsonl(&self) -> bool {
+        *self == InputKind::Jsonl
+    }
+}
+
 /// How contexts are stored in a shard's tar members (DESIGN §3, docs/format.md §3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Format {
@@ -148,9 +166,12 @@ pub struct Recipe {
     /// zstd level of the members (`blocks.zst` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zstd_level: Option<i32>,
+    /// Absent (jsonl) in caches made before shards could be inputs, so their recipes match.
+    #[serde(default, skip_serializing_if = "InputKind::is_jsonl")]
+    pub input_kind: InputKind,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct TokenizerInfo {
     pub spec: String,
     pub sha256: String,
@@ -158,19 +179,32 @@ pub struct TokenizerInfo {
     pub backend: String,
 }
 
-impl Recipe {
-    /// Whether stage 1 leaves tails to stitch into one more file (concat with tail "stitch";
-    /// best fit stitches an empty one, unpacked builds have no tails at all).
-    pub fn stitches_tails(&self) -> bool {
-        self.tail == Tail::Stitch && !self.packing.is_unpacked()
+/// Two tokenizers are the same when their data and implementation are: the spec is only how
+/// it was named (a relative or absolute path, `hf:ORG/NAME`), so a build resumes however its
+/// tokenizer is spelled.
+impl PartialEq for TokenizerInfo {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.sha256, self.vocab_size, &self.backend) == (&other.sha256, other.vocab_size, &other.backend)
     }
+}
+
+impl Eq for TokenizerInfo {}
+
+impl Recipe {
+    /// Whether stage 1 leaves tails to stitch into one more file (one more spill and summary,
+    /// DESIGN §4): concat with tail "stitch" (best fit stitches an empty one); unpacked builds
+    /// and shard inputs have no tails.
+    pub fn stitches_tails(&self) -> bool {
+        self.tail == Tail::Stitch && !self.packing.is_unpacked() && self.input_kind.is_jsonl()
+    }
+
     /// Names of the fields that differ, for an error that says what changed.
     pub fn differences(&self, other: &Recipe) -> Vec<String> {
         let a = serde_json::to_value(self).unwrap_or_default();
         let b = serde_json::to_value(other).unwrap_or_default();
         let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else { return vec!["recipe".into()] };
         a.keys()
-            .filter(|k| a.get(*k) != b.get(*k))
+            .filter(|k| if *k == "tokenizer" { self.tokenizer != other.tokenizer } else { a.get(*k) != b.get(*k) })
             .map(|k| {
                 if k == "inputs" {
                     let inputs_a: Vec<_> = self.inputs.iter().collect();

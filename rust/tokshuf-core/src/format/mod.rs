@@ -13,13 +13,13 @@ mod names;
 
 pub use atomic::{read_json, tmp_name, to_json_bytes, write_atomic, write_atomic_as};
 pub use layout::{
-    decode_ids, member_name, member_span, npy_header, npy_header_shaped, npy_stride, Blocking, DEFAULT_BLOCK_SIZE, MAX_BLOCK_SIZE,
-    TAR_BLOCK, ZSTD_LEVEL,
+    decode_ids, member_name, member_span, npy_header, npy_header_shaped, npy_stride, parse_npy_ids, Blocking, DEFAULT_BLOCK_SIZE,
+    MAX_BLOCK_SIZE, TAR_BLOCK, ZSTD_LEVEL,
 };
 pub use manifest::ManifestLine;
 pub use meta::{
-    BinInfo, Dtype, ErrorPolicy, FileSummary, Format, InputFile, Metadata, Packing, PackingFigures, Recipe, Status, Tail, TokenizerInfo,
-    Totals, FORMAT_VERSION, VERSION,
+    BinInfo, Dtype, ErrorPolicy, FileSummary, Format, InputFile, InputKind, Metadata, Packing, PackingFigures, Recipe, Status, Tail,
+    TokenizerInfo, Totals, FORMAT_VERSION, VERSION,
 };
 pub use names::{bin_dir, is_data, is_ours, shard_path, shard_stem, LOCK_NAME, MANIFEST_NAME, META_NAME, WORK_NAME};
 
