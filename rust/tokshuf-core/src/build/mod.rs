@@ -11,10 +11,12 @@
 //! While a build runs, manifest.jsonl holds a prefix of the final manifest (complete lines
 //! only count), and tokshuf.json says how far the build is (`format::Status`).
 
+pub mod budget;
 pub mod cells;
 pub mod driver;
 pub mod input;
 mod manifest;
+mod gather;
 mod options;
 pub mod pack;
 pub mod plan;
@@ -26,6 +28,7 @@ pub mod stage1;
 pub mod steps;
 pub mod stream;
 mod streaming;
+pub mod writeback;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -34,14 +37,15 @@ use std::time::Instant;
 
 use serde_json::{json, Value};
 
+use self::budget::Stage2Budget;
 use self::manifest::Manifest;
 pub use self::options::BuildOptions;
 use self::plan::ChunkPlan;
 use self::progress::Progress;
 use self::resume::Start;
-use self::shard::ShardSpec;
+use self::shard::{ShardSpec, ShardTimes};
 use self::stage1::Stage1Config;
-use self::steps::Job;
+use self::steps::{Job, Stage2Io};
 use crate::error::{Error, Result};
 use crate::format::{self, lock::BuildLock, Metadata, Status, Totals, META_NAME};
 use crate::testhook;
@@ -57,11 +61,14 @@ pub(crate) struct Run<'a> {
     threads: usize,
     t0: Instant,
     timings: BTreeMap<&'static str, f64>,
+    shard_times: Arc<ShardTimes>,
 }
 
 impl Run<'_> {
     fn build_info(&self) -> Value {
-        build_info(self.threads, &self.timings, self.t0)
+        let mut info = build_info(self.threads, &self.timings, self.t0);
+        info["stage2"] = self.shard_times.to_json();
+        info
     }
     fn metadata(&self, status: Status) -> Metadata {
         Metadata::new(&self.job.recipe, status, self.build_info())
@@ -79,6 +86,7 @@ impl Run<'_> {
             dtype: self.job.recipe.dtype,
             seqlen: self.job.recipe.seqlen as u64,
             cancel: self.cancel.clone(),
+            times: self.shard_times.clone(),
         }
     }
     fn check_cancel(&self) -> Result<()> {
@@ -133,6 +141,7 @@ pub fn build(opts: &BuildOptions, cancel: Arc<AtomicBool>) -> Result<Metadata> {
         threads,
         t0,
         timings: BTreeMap::new(),
+        shard_times: Arc::default(),
     };
     // A resumed build keeps the metadata it has: a reader following the build must never see
     // it go back (say from "writing", with the chunk plan, to "building").
@@ -189,7 +198,9 @@ fn build_shuffled(run: &mut Run<'_>, manifest: &mut Manifest) -> Result<(ChunkPl
     let listed = manifest.lines.len() as u64;
     run.progress.stage("write", plan.num_chunks());
     run.progress.advance(listed, 0, 0);
-    let budget_ids = (run.opts.memory_limit() / 4 / 8).max(plan.chunk_size * 2);
+    let context_bytes = run.job.recipe.seqlen as u64 * run.job.recipe.dtype.size() as u64;
+    let budget = Stage2Budget::new(run.opts.memory_limit(), run.threads, plan.chunk_size, context_bytes);
+    let io = Stage2Io { gather_window: budget.gather_window, times: run.shard_times.clone() };
     let shared = Mutex::new(&mut *manifest);
     let progress = &run.progress;
     let on_chunk = |chunk: u64, line: &format::ManifestLine| -> Result<()> {
@@ -197,8 +208,8 @@ fn build_shuffled(run: &mut Run<'_>, manifest: &mut Manifest) -> Result<(ChunkPl
         let mut m = shared.lock().map_err(|_| Error::Config("internal error: manifest lock poisoned".into()))?;
         m.add(chunk, line.clone())
     };
-    for group in plan.groups(listed, budget_ids) {
-        steps::stage2_chunks(&run.job, &plan, &summaries, group, &run.pool, &run.cancel, &on_chunk)?;
+    for group in plan.groups(listed, budget.group_ids) {
+        steps::stage2_chunks(&run.job, &plan, &summaries, group, &io, &run.pool, &run.cancel, &on_chunk)?;
     }
     run.progress.end();
     run.timings.insert("write_s", t.elapsed().as_secs_f64());

@@ -3,18 +3,20 @@
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use sha2::{Digest, Sha256};
 
+use super::writeback::{self, Streamed};
 use crate::error::{Error, Result};
 use crate::format::{self, decode_ids, member_name, npy_header, Dtype, Format, ManifestLine};
 use crate::testhook;
 
 /// Writes members to a tar, hashing every byte on the way.
 pub struct ShardWriter {
-    tar: tar::Builder<HashingWriter<BufWriter<File>>>,
+    tar: tar::Builder<HashingWriter<BufWriter<Streamed<File>>>>,
     chunk: u64,
     index: u64,
     format: Format,
@@ -26,6 +28,8 @@ pub struct ShardWriter {
 impl ShardWriter {
     pub fn create(path: &Path, chunk: u64, format: Format, dtype: Dtype, seqlen: u64) -> Result<Self> {
         let f = File::create(path).map_err(|e| Error::io(path, e))?;
+        // Shards are not read again by the build: their pages leave the page cache once written.
+        let f = Streamed::new(f, writeback::Cache::Drop);
         let w = HashingWriter { inner: BufWriter::with_capacity(1 << 20, f), hasher: Sha256::new(), bytes: 0 };
         Ok(ShardWriter {
             tar: tar::Builder::new(w),
@@ -79,8 +83,8 @@ impl ShardWriter {
     pub fn finish(self) -> std::io::Result<(u64, String)> {
         let w = self.tar.into_inner()?;
         let HashingWriter { inner, hasher, bytes } = w;
-        let f = inner.into_inner().map_err(|e| e.into_error())?;
-        f.sync_all()?;
+        let mut f = inner.into_inner().map_err(|e| e.into_error())?;
+        f.sync()?;
         Ok((bytes, crate::format::hex(&hasher.finalize())))
     }
 }
@@ -119,6 +123,32 @@ pub struct ShardSpec {
     pub dtype: Dtype,
     pub seqlen: u64,
     pub cancel: Arc<AtomicBool>,
+    pub times: Arc<ShardTimes>,
+}
+
+/// Where writing shards spent its time, summed over threads (tokshuf.json `build.stage2`).
+#[derive(Debug, Default)]
+pub struct ShardTimes {
+    /// Getting contexts (stage 2: gathering them from the spills).
+    read_ns: AtomicU64,
+    /// Formatting, hashing and handing bytes to the kernel (and, paced by the disk, waiting
+    /// for earlier windows to reach it: see `writeback`).
+    write_ns: AtomicU64,
+    /// The fsync of each shard.
+    sync_ns: AtomicU64,
+    shards: AtomicU64,
+}
+
+impl ShardTimes {
+    pub fn to_json(&self) -> serde_json::Value {
+        let s = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64 / 1e9;
+        serde_json::json!({
+            "read_s": s(&self.read_ns),
+            "write_s": s(&self.write_ns),
+            "sync_s": s(&self.sync_ns),
+            "shards": self.shards.load(Ordering::Relaxed),
+        })
+    }
 }
 
 impl ShardSpec {
@@ -147,13 +177,25 @@ pub fn write_shard(
     } else {
         let tmp = format::tmp_name(&path);
         let mut write = || -> Result<(u64, String)> {
+            let t0 = Instant::now();
+            let mut reading = std::time::Duration::ZERO;
             let mut w = ShardWriter::create(&tmp, chunk, spec.format, spec.dtype, spec.seqlen)?;
             let mut buf = vec![0u8; spec.context_bytes() as usize];
             for i in 0..n as u64 {
+                let t = Instant::now();
                 read(i, &mut buf)?;
+                reading += t.elapsed();
                 w.append(&buf).map_err(|e| Error::io(&tmp, e))?;
             }
-            w.finish().map_err(|e| Error::io(&tmp, e))
+            let t = Instant::now();
+            let r = w.finish().map_err(|e| Error::io(&tmp, e))?;
+            let times = &spec.times;
+            let sync = t.elapsed();
+            times.read_ns.fetch_add(reading.as_nanos() as u64, Ordering::Relaxed);
+            times.sync_ns.fetch_add(sync.as_nanos() as u64, Ordering::Relaxed);
+            times.write_ns.fetch_add((t0.elapsed() - reading - sync).as_nanos() as u64, Ordering::Relaxed);
+            times.shards.fetch_add(1, Ordering::Relaxed);
+            Ok(r)
         };
         let r = write().inspect_err(|_| {
             let _ = std::fs::remove_file(&tmp);

@@ -27,7 +27,8 @@ use serde_json::Value;
 use super::cells::{self, pack};
 use super::manifest::manifest_text;
 use super::plan::{self, ChunkPlan};
-use super::shard::{write_shard, ShardSpec};
+use super::gather::Gather;
+use super::shard::{write_shard, ShardSpec, ShardTimes};
 use super::spills::Spills;
 use super::stage1::{self, Schedule, Stage1Config};
 use super::BuildOptions;
@@ -51,8 +52,15 @@ impl Job {
     pub fn paths(&self) -> Vec<PathBuf> {
         self.recipe.inputs.iter().map(|f| PathBuf::from(&f.path)).collect()
     }
-    fn shard_spec(&self, cancel: Arc<AtomicBool>) -> ShardSpec {
-        ShardSpec { out: self.out.clone(), format: self.recipe.format, dtype: self.recipe.dtype, seqlen: self.recipe.seqlen as u64, cancel }
+    fn shard_spec(&self, cancel: Arc<AtomicBool>, times: Arc<ShardTimes>) -> ShardSpec {
+        ShardSpec {
+            out: self.out.clone(),
+            format: self.recipe.format,
+            dtype: self.recipe.dtype,
+            seqlen: self.recipe.seqlen as u64,
+            cancel,
+            times,
+        }
     }
 }
 
@@ -128,14 +136,24 @@ pub fn stitch(job: &Job, cfg: &Stage1Config, summaries: &[FileSummary]) -> Resul
     Ok(Some(s))
 }
 
+/// How stage 2 runs on this machine: never what it writes.
+#[derive(Clone, Debug)]
+pub struct Stage2Io {
+    /// Contexts each thread gathers from the spills at a time (`budget::Stage2Budget`).
+    pub gather_window: usize,
+    pub times: Arc<ShardTimes>,
+}
+
 /// Step 5: write the shards of chunks `chunks` (of `plan`, from the spills of `summaries`);
 /// returns their manifest lines in chunk order. A shard already there is kept (and hashed).
 /// `on_chunk` hears of each chunk as it is written, on the pool's threads.
+#[allow(clippy::too_many_arguments)]
 pub fn stage2_chunks(
     job: &Job,
     plan: &ChunkPlan,
     summaries: &[FileSummary],
     chunks: Range<u64>,
+    io: &Stage2Io,
     pool: &ThreadPool,
     cancel: &Arc<AtomicBool>,
     on_chunk: &(dyn Fn(u64, &ManifestLine) -> Result<()> + Sync),
@@ -143,7 +161,7 @@ pub fn stage2_chunks(
     if chunks.is_empty() {
         return Ok(Vec::new());
     }
-    let spec = job.shard_spec(cancel.clone());
+    let spec = job.shard_spec(cancel.clone(), io.times.clone());
     let cs = plan.chunk_size;
     let lines = match plan.cells {
         Some(ncells) => {
@@ -162,8 +180,8 @@ pub fn stage2_chunks(
                     .map(|(i, ids)| {
                         let chunk = chunks.start + i as u64;
                         let padding: u64 = ids.iter().filter_map(|id| padded.get(id)).map(|&n| n as u64).sum();
-                        let mut open = HashMap::new();
-                        let line = write_shard(&spec, chunk, ids.len(), padding, |i, buf| spills.read(&mut open, ids[i as usize], buf))?;
+                        let mut gather = Gather::new(&spills, ids, io.gather_window);
+                        let line = write_shard(&spec, chunk, ids.len(), padding, |i, buf| gather.read(i as usize, buf))?;
                         on_chunk(chunk, &line)?;
                         Ok(line)
                     })
