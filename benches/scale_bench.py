@@ -2,16 +2,19 @@
 
 The input of size k is k copies of the corpus files (``--input``, default
 ``$TOKSHUF_CORPUS/jsonl``, else /work/corpus/jsonl: 532 MB), copied under new names into a
-scratch folder that grows from one size to the next and is deleted at the end. For each size
-(``--copies``, default 1,2,4,10: 0.5, 1, 2 and 5 GB), ``--runs`` builds, each in a fresh process,
-with ``memory_limit`` (default 1 GiB), then, in the same run, the disk's raw speed on the same
-bytes. Reported per build:
+scratch folder deleted at the end; a build of k copies reads the first k of them. For each size
+(``--copies``, default 1,2,4,10: 0.5, 1, 2 and 5 GB) ``--runs`` builds, each in a fresh process,
+with ``memory_limit`` (default 1 GiB), the sizes interleaved run by run so that a machine's
+drifting load hits them alike; after each build, the disk's raw speed on the same bytes.
+Reported per size (medians):
 
 - text MB/s (UTF-8 bytes of the documents, tokshuf.json ``text_bytes``, over the wall time of
-  ``build_cache``) and tokens/s: flat from 0.5 to 5 GB is the goal;
+  ``build_cache``) and tokens/s: flat from 0.5 to 5 GB is the goal. Beside it, text MB per
+  CPU-second of the build process (user + system, ``wait4``), which a busy machine does not
+  distort: flat CPU cost per byte means flat throughput wherever the load is steady;
 - peak RSS of the build process (``wait4`` ru_maxrss) against the memory limit;
-- the stages' times (tokshuf.json ``build.durations``) and what stage 2 did with its time
-  (``build.stage2``);
+- the stages' times (tokshuf.json ``build.durations``) and stage 2's own figures
+  (``build.stage2``: time reading the spills, writing, in fsync, and its CPU time);
 - ``raw``: the time to read stage 2's input once and write its output once with plain
   sequential I/O on the same file system: write the shards' bytes (``bytes_out``) to one
   file in 1 MiB blocks and fsync it, then read the spills' bytes (contexts x seqlen x id size)
@@ -66,7 +69,7 @@ def child_build(args) -> dict:
 
     t0 = time.perf_counter()
     stats = tokshuf.build_cache(
-        args.input,
+        Path(args.input).read_text().split("\n"),
         args.cache,
         tokenizer=TOKENIZERS.get(args.tokenizer, args.tokenizer),
         threads=args.threads,
@@ -94,8 +97,10 @@ def child_build(args) -> dict:
 # Parent.
 
 
-def run_build(args, inputs: Path, cache: Path) -> dict:
-    cmd = [sys.executable, "-m", "benches.scale_bench", "--child", "--cache", str(cache), "--input", str(inputs)]
+def run_build(args, inputs: List[Path], cache: Path) -> dict:
+    listing = cache.parent / "inputs.txt"
+    listing.write_text("\n".join(map(str, inputs)))
+    cmd = [sys.executable, "-m", "benches.scale_bench", "--child", "--cache", str(cache), "--input", str(listing)]
     cmd += ["--tokenizer", args.tokenizer, "--threads", str(args.threads), "--seqlen", str(args.seqlen)]
     cmd += ["--chunk-size", str(args.chunk_size), "--memory-limit", str(args.memory_limit)]
     load = os.getloadavg()[0]
@@ -103,9 +108,10 @@ def run_build(args, inputs: Path, cache: Path) -> dict:
     out = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"build of {inputs} failed")
+        raise SystemExit(f"build of {len(inputs)} files failed")
     r = json.loads(out)
     r["ru_maxrss_bytes"] = usage.ru_maxrss * 1024  # KiB on Linux
+    r["cpu_s"] = usage.ru_utime + usage.ru_stime
     r["load"] = (load, os.getloadavg()[0])
     return r
 
@@ -149,14 +155,18 @@ def raw_disk(folder: Path, write_bytes: int, read_bytes: int) -> Dict[str, float
     return {"write_s": write_s, "read_warm_s": warm, "read_cold_s": cold}
 
 
-def make_copies(sources: List[Path], folder: Path, copies: int) -> None:
-    """Grow `folder` to `copies` copies of `sources` (copy i named ``cNNN-NAME``)."""
+def make_copies(sources: List[Path], folder: Path, copies: int) -> List[List[Path]]:
+    """`copies` copies of `sources` in `folder` (copy i named ``cNNN-NAME``); the files of each."""
     folder.mkdir(parents=True, exist_ok=True)
+    out = []
     for i in range(copies):
+        out.append([])
         for src in sources:
             dst = folder / f"c{i:03}-{src.name}"
             if not dst.exists():
                 shutil.copyfile(src, dst)
+            out[-1].append(dst)
+    return out
 
 
 def make_smoke_source(args, folder: Path) -> List[Path]:
@@ -189,18 +199,18 @@ def report(args, rows: List[dict]) -> str:
         f"seqlen {args.seqlen}, chunk size {args.chunk_size}, memory_limit {gib:g} GiB. Medians of {args.runs} "
         "(each build in a fresh process); load average (1 min) before/after each build.",
         "",
-        "| input | text | build s | text MB/s | Mtok/s | peak RSS | tokenize s | plan s | write s (stage 2) "
-        "| shards | raw write s | raw read s (warm / cold) | stage 2 / raw | load |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| input | text | build s | text MB/s | MB per CPU-s | Mtok/s | peak RSS | tokenize s | plan s "
+        "| write s (stage 2) | shards | raw write s | raw read s (warm / cold) | stage 2 / raw | load |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for row in rows:
         b, raw = row["builds"], row["raw"]
 
-        def m(f):
+        def m(f, b=b):
             return statistics.median(f(x) for x in b)
 
         def d(key):
-            return m(lambda x: x["build"]["durations"].get(key, 0.0))
+            return m(lambda y: y["build"]["durations"].get(key, 0.0))
 
         raw_w = statistics.median(r["write_s"] for r in raw)
         raw_r = statistics.median(r["read_warm_s"] for r in raw)
@@ -211,13 +221,14 @@ def report(args, rows: List[dict]) -> str:
         lines.append(
             f"| {b[0]['bytes_in'] / 1e9:.2f} GB | {b[0]['text_bytes'] / 1e9:.2f} GB | {m(lambda x: x['wall_s']):.1f} "
             f"| **{m(lambda x: x['text_bytes'] / 1e6 / x['wall_s']):.1f}** "
+            f"| {m(lambda x: x['text_bytes'] / 1e6 / x['cpu_s']):.1f} "
             f"| {m(lambda x: x['num_tokens'] / 1e6 / x['wall_s']):.2f} "
             f"| {m(lambda x: x['ru_maxrss_bytes']) / 2**20:.0f} MiB "
             f"| {d('tokenize_s'):.1f} | {d('plan_s'):.2f} | {d('write_s'):.1f} "
             f"| {b[0]['bytes_out'] / 1e9:.2f} GB | {raw_w:.1f} | {raw_r:.2f} / {raw_c:.1f} "
             f"| **{ratio:.2f}** ({ratio_cold:.2f} cold) | {loads} |"
         )
-    lines += ["", "Stage 2 in detail (`build.stage2`, seconds summed over threads, medians):", ""]
+    lines += ["", "Stage 2 in detail (`build.stage2`: seconds summed over threads, medians):", ""]
     keys = sorted({k for row in rows for x in row["builds"] for k in x["build"].get("stage2", {})})
     if keys:
         lines += ["| input | " + " | ".join(keys) + " |", "|---|" + "---:|" * len(keys)]
@@ -232,7 +243,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--input", default=DEFAULT_INPUT, help=f"a folder of input files (default {DEFAULT_INPUT})")
     p.add_argument("--copies", default="1,2,4,10", help="input sizes, in copies of --input (default 1,2,4,10)")
-    p.add_argument("--runs", type=int, default=1, help="builds per size (default 1)")
+    p.add_argument("--runs", type=int, default=1, help="builds per size, sizes interleaved (default 1)")
     p.add_argument("--tokenizer", default="neox", help=f"{', '.join(TOKENIZERS)} or a spec (default neox)")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="default: all usable cores")
     p.add_argument("--seqlen", type=int, default=2049)
@@ -254,26 +265,25 @@ def main() -> None:
             sources, args.copies = make_smoke_source(args, work), "1,2"
         else:
             sources = sorted(p for p in Path(args.input).rglob("*") if p.is_file())
-        rows = []
-        for copies in sorted(int(c) for c in args.copies.split(",")):
-            inputs, cache = work / "input", work / "cache"
-            make_copies(sources, inputs, copies)
-            row: Dict[str, list] = {"builds": [], "raw": []}
-            for run in range(args.runs):
+        sizes = sorted({int(c) for c in args.copies.split(",")})
+        copies = make_copies(sources, work / "input", sizes[-1])
+        by_size: Dict[int, Dict[str, list]] = {k: {"builds": [], "raw": []} for k in sizes}
+        cache = work / "cache"
+        for run in range(args.runs):
+            for k in sizes:
                 shutil.rmtree(cache, ignore_errors=True)
-                r = run_build(args, inputs, cache)
+                r = run_build(args, [f for c in copies[:k] for f in c], cache)
                 shutil.rmtree(cache, ignore_errors=True)  # one cache at a time, and room for the raw file
                 raw = raw_disk(work, r["bytes_out"], r["num_contexts"] * r["context_bytes"])
-                row["builds"].append(r)
-                row["raw"].append(raw)
+                by_size[k]["builds"].append(r)
+                by_size[k]["raw"].append(raw)
                 print(
-                    f"[{copies} copies, run {run + 1}/{args.runs}] {r['wall_s']:.1f} s, "
+                    f"[{k} copies, run {run + 1}/{args.runs}] {r['wall_s']:.1f} s, "
                     f"{r['text_bytes'] / 1e6 / r['wall_s']:.1f} MB/s, {r['ru_maxrss_bytes'] / 2**20:.0f} MiB, "
-                    f"stages {r['build']['durations']}, raw {raw}",
+                    f"stages {r['build']['durations']}, stage 2 {r['build'].get('stage2')}, raw {raw}",
                     file=sys.stderr,
                 )
-            rows.append(row)
-        text = report(args, rows)
+        text = report(args, [by_size[k] for k in sizes])
         print(text)
         if args.out:
             Path(args.out).write_text(text)

@@ -11,11 +11,29 @@
 
 use std::collections::HashMap;
 use std::fs::File;
+use std::sync::Mutex;
 
 use super::spills::Spills;
 use crate::error::Result;
 
+/// Window buffers of the threads of a stage 2: one per thread at most, reused chunk after chunk.
+#[derive(Default)]
+pub struct Buffers(Mutex<Vec<Vec<u8>>>);
+
+impl Buffers {
+    pub fn take(&self) -> Vec<u8> {
+        self.0.lock().ok().and_then(|mut v| v.pop()).unwrap_or_default()
+    }
+    pub fn give(&self, buf: Vec<u8>) {
+        if let Ok(mut v) = self.0.lock() {
+            v.push(buf);
+        }
+    }
+}
+
 /// Reads contexts `ids[i]` for i = 0, 1, 2, ... (in that order), `window` of them at a time.
+/// The window's buffer comes from the caller, so a thread reuses one for all its chunks
+/// rather than have the kernel map and zero tens of MiB for each.
 pub struct Gather<'a> {
     spills: &'a Spills,
     ids: &'a [u64],
@@ -24,26 +42,16 @@ pub struct Gather<'a> {
     /// Contexts `first..first + loaded` are in `buf`, in chunk order.
     first: usize,
     loaded: usize,
-    buf: Vec<u8>,
+    buf: &'a mut Vec<u8>,
     order: Vec<usize>,
     open: HashMap<usize, File>,
 }
 
 impl<'a> Gather<'a> {
-    pub fn new(spills: &'a Spills, ids: &'a [u64], window: usize) -> Self {
+    pub fn new(spills: &'a Spills, ids: &'a [u64], window: usize, buf: &'a mut Vec<u8>) -> Self {
         let window = window.clamp(1, ids.len().max(1));
         let context_bytes = spills.context_bytes() as usize;
-        Gather {
-            spills,
-            ids,
-            window,
-            context_bytes,
-            first: 0,
-            loaded: 0,
-            buf: Vec::new(),
-            order: Vec::with_capacity(window),
-            open: HashMap::new(),
-        }
+        Gather { spills, ids, window, context_bytes, first: 0, loaded: 0, buf, order: Vec::with_capacity(window), open: HashMap::new() }
     }
 
     /// Context `ids[i]` into `out`.
@@ -121,7 +129,8 @@ mod tests {
             ids.swap(i, (x >> 33) as usize % (i + 1));
         }
         for window in [1, 2, 5, ids.len(), 1000] {
-            let mut g = Gather::new(&spills, &ids, window);
+            let mut buf = Vec::new();
+            let mut g = Gather::new(&spills, &ids, window, &mut buf);
             let mut out = vec![0u8; cb];
             for (i, &id) in ids.iter().enumerate() {
                 g.read(i, &mut out).unwrap();

@@ -14,9 +14,9 @@
 pub mod budget;
 pub mod cells;
 pub mod driver;
+mod gather;
 pub mod input;
 mod manifest;
-mod gather;
 mod options;
 pub mod pack;
 pub mod plan;
@@ -62,12 +62,18 @@ pub(crate) struct Run<'a> {
     t0: Instant,
     timings: BTreeMap<&'static str, f64>,
     shard_times: Arc<ShardTimes>,
+    /// Shuffled builds: stage 2's share of `memory_limit`, and the groups of chunks it made.
+    stage2_budget: Option<(Stage2Budget, usize)>,
 }
 
 impl Run<'_> {
     fn build_info(&self) -> Value {
         let mut info = build_info(self.threads, &self.timings, self.t0);
         info["stage2"] = self.shard_times.to_json();
+        if let Some((budget, groups)) = self.stage2_budget {
+            info["stage2"]["gather_window"] = budget.gather_window.into();
+            info["stage2"]["groups"] = groups.into();
+        }
         info
     }
     fn metadata(&self, status: Status) -> Metadata {
@@ -142,6 +148,7 @@ pub fn build(opts: &BuildOptions, cancel: Arc<AtomicBool>) -> Result<Metadata> {
         t0,
         timings: BTreeMap::new(),
         shard_times: Arc::default(),
+        stage2_budget: None,
     };
     // A resumed build keeps the metadata it has: a reader following the build must never see
     // it go back (say from "writing", with the chunk plan, to "building").
@@ -208,7 +215,9 @@ fn build_shuffled(run: &mut Run<'_>, manifest: &mut Manifest) -> Result<(ChunkPl
         let mut m = shared.lock().map_err(|_| Error::Config("internal error: manifest lock poisoned".into()))?;
         m.add(chunk, line.clone())
     };
-    for group in plan.groups(listed, budget.group_ids) {
+    let groups = plan.groups(listed, budget.group_ids);
+    run.stage2_budget = Some((budget, groups.len()));
+    for group in groups {
         steps::stage2_chunks(&run.job, &plan, &summaries, group, &io, &run.pool, &run.cancel, &on_chunk)?;
     }
     run.progress.end();

@@ -44,7 +44,9 @@ impl Spills {
         }
         Ok(match cache.entry(f) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => e.insert(File::open(&self.paths[f]).map_err(|err| Error::io(&self.paths[f], err))?),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(File::open(&self.paths[f]).map_err(|err| Error::io(&self.paths[f], err))?)
+            }
         })
     }
 
