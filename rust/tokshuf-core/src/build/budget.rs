@@ -12,6 +12,8 @@
 //! holds the ids of the cells one chunk spans (a cell is 65,536 contexts by default, 512 KiB
 //! of ids) and one context per thread: slower, never different bytes.
 
+use crate::format::Recipe;
+
 /// Bytes of one cell id in stage 2 (`cells::shuffled_cells`).
 pub const ID_BYTES: u64 = 8;
 
@@ -24,6 +26,12 @@ pub struct Stage2Budget {
 }
 
 impl Stage2Budget {
+    /// The budget of a build of `recipe` on `threads` threads.
+    pub fn for_recipe(memory_limit: u64, threads: usize, recipe: &Recipe) -> Self {
+        let context_bytes = recipe.seqlen as u64 * recipe.dtype.size() as u64;
+        Self::new(memory_limit, threads, recipe.chunk_size as u64, context_bytes)
+    }
+
     pub fn new(memory_limit: u64, threads: usize, chunk_size: u64, context_bytes: u64) -> Self {
         let threads = threads.max(1) as u64;
         let window = (memory_limit / 2 / threads / context_bytes.max(1)).clamp(1, chunk_size.max(1));

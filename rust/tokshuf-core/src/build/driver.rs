@@ -185,9 +185,7 @@ impl Steps {
         testhook::init();
         let planned = self.planned()?;
         let chunks = chunks.start..chunks.end.min(planned.plan.num_chunks());
-        let recipe = &self.job.recipe;
-        let context_bytes = recipe.seqlen as u64 * recipe.dtype.size() as u64;
-        let budget = Stage2Budget::new(self.opts.memory_limit(), threads, planned.plan.chunk_size, context_bytes);
+        let budget = Stage2Budget::for_recipe(self.opts.memory_limit(), threads, &self.job.recipe);
         let io = Stage2Io { gather_window: budget.gather_window, times: Arc::default() };
         steps::stage2_chunks(&self.job, &planned.plan, &self.summaries()?, chunks, &io, &pool(threads)?, cancel, &|_, _| Ok(()))
     }

@@ -13,8 +13,13 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::sync::Mutex;
 
+use super::cells::POS_BITS;
 use super::spills::Spills;
 use crate::error::Result;
+
+/// Bytes between two reads below which the gap is read rather than skipped: about what a disk
+/// reads sequentially in the time of one random read.
+const MERGE_GAP: u64 = 256 << 10;
 
 /// Window buffers of the threads of a stage 2: one per thread at most, reused chunk after chunk.
 #[derive(Default)]
@@ -84,13 +89,19 @@ impl<'a> Gather<'a> {
         Ok(())
     }
 
-    /// Tell the kernel every read of the window at once, runs of adjacent contexts as one.
+    /// Tell the kernel every read of the window at once. Reads less than `MERGE_GAP` apart
+    /// are announced as one range, gap included: reading the gap costs the disk less than
+    /// another request, and a dense window then reads its spills front to back.
     fn announce(&mut self, ids: &[u64]) -> Result<()> {
-        let mut run: Option<(u64, u64)> = None; // (first id, contexts)
+        let gap = MERGE_GAP.div_ceil(self.context_bytes as u64);
+        let mut run: Option<(u64, u64)> = None; // (first id, contexts up to the last one read)
         for &j in &self.order {
             let id = ids[j];
             run = match run {
-                Some((start, len)) if id == start + len => Some((start, len + 1)),
+                // Ids of one file differ in their low bits only (`cells::pack`).
+                Some((start, len)) if id >= start + len && id - (start + len) <= gap && (id ^ start) >> POS_BITS == 0 => {
+                    Some((start, id - start + 1))
+                }
                 Some((start, len)) => {
                     self.spills.will_need(&mut self.open, start, len)?;
                     Some((id, 1))

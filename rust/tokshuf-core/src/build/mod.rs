@@ -205,8 +205,7 @@ fn build_shuffled(run: &mut Run<'_>, manifest: &mut Manifest) -> Result<(ChunkPl
     let listed = manifest.lines.len() as u64;
     run.progress.stage("write", plan.num_chunks());
     run.progress.advance(listed, 0, 0);
-    let context_bytes = run.job.recipe.seqlen as u64 * run.job.recipe.dtype.size() as u64;
-    let budget = Stage2Budget::new(run.opts.memory_limit(), run.threads, plan.chunk_size, context_bytes);
+    let budget = Stage2Budget::for_recipe(run.opts.memory_limit(), run.threads, &run.job.recipe);
     let io = Stage2Io { gather_window: budget.gather_window, times: run.shard_times.clone() };
     let shared = Mutex::new(&mut *manifest);
     let progress = &run.progress;
