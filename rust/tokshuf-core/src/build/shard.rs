@@ -126,6 +126,15 @@ fn thread_cpu_ns() -> u64 {
     t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
+/// Time this thread has spent ready to run but waiting for a CPU, in nanoseconds (0 where the
+/// kernel does not say).
+fn thread_run_delay_ns() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1).and_then(|n| n.parse().ok()))
+        .unwrap_or(0)
+}
+
 /// What writing any shard of this cache needs.
 pub struct ShardSpec {
     pub out: PathBuf,
@@ -146,9 +155,11 @@ pub struct ShardTimes {
     write_ns: AtomicU64,
     /// The fsync of each shard.
     sync_ns: AtomicU64,
-    /// CPU time of the threads in all of the above: with the wall times, whether writing was
-    /// bound by the disk or by the processor (a busy machine's shows in the gap).
+    /// CPU time of the threads in all of the above, and the time they were ready to run but
+    /// waited for a CPU (Linux schedstat): with the wall times, what was left is waiting for
+    /// the disk.
     cpu_ns: AtomicU64,
+    cpu_wait_ns: AtomicU64,
     shards: AtomicU64,
 }
 
@@ -160,6 +171,7 @@ impl ShardTimes {
             "write_s": s(&self.write_ns),
             "sync_s": s(&self.sync_ns),
             "cpu_s": s(&self.cpu_ns),
+            "cpu_wait_s": s(&self.cpu_wait_ns),
             "shards": self.shards.load(Ordering::Relaxed),
         })
     }
@@ -191,7 +203,7 @@ pub fn write_shard(
     } else {
         let tmp = format::tmp_name(&path);
         let mut write = || -> Result<(u64, String)> {
-            let (t0, cpu0) = (Instant::now(), thread_cpu_ns());
+            let (t0, cpu0, wait0) = (Instant::now(), thread_cpu_ns(), thread_run_delay_ns());
             let mut reading = std::time::Duration::ZERO;
             let mut w = ShardWriter::create(&tmp, chunk, spec.format, spec.dtype, spec.seqlen)?;
             let mut buf = vec![0u8; spec.context_bytes() as usize];
@@ -209,6 +221,7 @@ pub fn write_shard(
             times.sync_ns.fetch_add(sync.as_nanos() as u64, Ordering::Relaxed);
             times.write_ns.fetch_add((t0.elapsed() - reading - sync).as_nanos() as u64, Ordering::Relaxed);
             times.cpu_ns.fetch_add(thread_cpu_ns().saturating_sub(cpu0), Ordering::Relaxed);
+            times.cpu_wait_ns.fetch_add(thread_run_delay_ns().saturating_sub(wait0), Ordering::Relaxed);
             times.shards.fetch_add(1, Ordering::Relaxed);
             Ok(r)
         };
