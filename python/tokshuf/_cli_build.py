@@ -129,7 +129,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="no shuffle: chunks per input file, round-robin over files",
     )
     p.add_argument(
-        "--memory-limit", type=parse_size, default=None, help="memory budget, e.g. 8G (default: half of RAM)"
+        "--memory-limit",
+        type=parse_size,
+        default=None,
+        help="bound on the memory that grows with the input, e.g. 1G (default: half of RAM; README, 'Large builds')",
     )
     p.add_argument(
         "--errors",

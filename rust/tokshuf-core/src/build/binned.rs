@@ -60,6 +60,7 @@ pub fn write_chunks(
         block_size: None,
         zstd_level: None,
         cancel: cancel.clone(),
+        times: Arc::default(),
     };
     let ids = plan.ids(job.recipe.seed, chunks.clone(), pool);
     let spills = BinSpills::open(&job.work, plan.counts.len(), k, job.recipe.dtype.size() as u64);

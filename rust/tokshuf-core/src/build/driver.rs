@@ -16,11 +16,12 @@ use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::budget::Stage2Budget;
 use super::manifest::Manifest;
 use super::plan::{self, ChunkPlan};
 use super::resume::{self, Start};
 use super::stage1::Stage1Config;
-use super::steps::{self, Job};
+use super::steps::{self, Job, Stage2Io};
 use super::BuildOptions;
 use crate::error::{Error, Result};
 use crate::format::{self, lock::BuildLock, FileSummary, ManifestLine, Metadata, Status, Totals, META_NAME};
@@ -188,7 +189,9 @@ impl Steps {
         testhook::init();
         let planned = self.planned()?;
         let chunks = chunks.start..chunks.end.min(planned.plan.num_chunks());
-        steps::stage2_chunks(&self.job, &planned.plan, &self.summaries()?, chunks, &pool(threads)?, cancel, &|_, _| Ok(()))
+        let budget = Stage2Budget::for_recipe(self.opts.memory_limit(), threads, &self.job.recipe);
+        let io = Stage2Io { gather_window: budget.gather_window, times: Arc::default() };
+        steps::stage2_chunks(&self.job, &planned.plan, &self.summaries()?, chunks, &io, &pool(threads)?, cancel, &|_, _| Ok(()))
     }
 
     /// Driver: list chunks `first, first+1, ...` in manifest.jsonl (kept a prefix of the final one).

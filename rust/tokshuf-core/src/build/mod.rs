@@ -12,8 +12,10 @@
 //! only count), and tokshuf.json says how far the build is (`format::Status`).
 
 pub mod binned;
+pub mod budget;
 pub mod cells;
 pub mod driver;
+mod gather;
 pub mod input;
 mod manifest;
 mod options;
@@ -28,6 +30,7 @@ pub mod stage1;
 pub mod steps;
 pub mod stream;
 mod streaming;
+pub mod writeback;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,14 +39,15 @@ use std::time::Instant;
 
 use serde_json::{json, Value};
 
+use self::budget::Stage2Budget;
 use self::manifest::Manifest;
 pub use self::options::BuildOptions;
 use self::plan::ChunkPlan;
 use self::progress::Progress;
 use self::resume::Start;
-use self::shard::ShardSpec;
+use self::shard::{ShardSpec, ShardTimes};
 use self::stage1::Stage1Config;
-use self::steps::Job;
+use self::steps::{Job, Stage2Io};
 use crate::error::{Error, Result};
 use crate::format::{self, lock::BuildLock, Metadata, Status, Totals, META_NAME};
 use crate::testhook;
@@ -59,6 +63,9 @@ pub(crate) struct Run<'a> {
     threads: usize,
     t0: Instant,
     timings: BTreeMap<&'static str, f64>,
+    shard_times: Arc<ShardTimes>,
+    /// Shuffled builds: stage 2's share of `memory_limit`, and the groups of chunks it made.
+    stage2_budget: Option<(Stage2Budget, usize)>,
 }
 
 impl Run<'_> {
@@ -66,6 +73,11 @@ impl Run<'_> {
         let mut info = build_info(self.threads, &self.timings, self.t0);
         // Where this run found the local inputs that the recipe names relative to it.
         info["input_root"] = json!(self.job.input_root.as_ref().map(|r| r.to_string_lossy()));
+        info["stage2"] = self.shard_times.to_json();
+        if let Some((budget, groups)) = self.stage2_budget {
+            info["stage2"]["gather_window"] = budget.gather_window.into();
+            info["stage2"]["groups"] = groups.into();
+        }
         info
     }
     fn metadata(&self, status: Status) -> Metadata {
@@ -86,6 +98,7 @@ impl Run<'_> {
             block_size: self.job.recipe.block_size,
             zstd_level: self.job.recipe.zstd_level,
             cancel: self.cancel.clone(),
+            times: self.shard_times.clone(),
         }
     }
     /// Cell ids stage 2 may hold at once: a quarter of the memory limit, at least two chunks.
@@ -133,7 +146,19 @@ pub fn build(opts: &BuildOptions, cancel: Arc<AtomicBool>) -> Result<Metadata> {
             .map_err(|e| Error::Config(format!("cannot start {threads} threads: {e}")))?,
     );
     let cfg = steps::stage1_config(&job.recipe, &tok);
-    let mut run = Run { opts, job, cfg, pool, cancel, progress: Progress::new(opts.progress), threads, t0, timings: BTreeMap::new() };
+    let mut run = Run {
+        opts,
+        job,
+        cfg,
+        pool,
+        cancel,
+        progress: Progress::new(opts.progress),
+        threads,
+        t0,
+        timings: BTreeMap::new(),
+        shard_times: Arc::default(),
+        stage2_budget: None,
+    };
     // A resumed build keeps the metadata it has: a reader following the build must never see
     // it go back (say from "writing", with the chunk plan, to "building").
     let streams = !run.job.recipe.shuffle && !run.job.recipe.packing.is_unpacked();
@@ -181,7 +206,8 @@ fn build_shuffled(run: &mut Run<'_>, manifest: &mut Manifest) -> Result<(ChunkPl
     let listed = manifest.lines.len() as u64;
     run.progress.stage("write", plan.num_chunks(), "chunks");
     run.progress.advance(listed, 0, 0);
-    let budget_ids = run.budget_ids(plan.chunk_size);
+    let budget = Stage2Budget::for_recipe(run.opts.memory_limit(), run.threads, &run.job.recipe);
+    let io = Stage2Io { gather_window: budget.gather_window, times: run.shard_times.clone() };
     let shared = Mutex::new(&mut *manifest);
     let progress = &run.progress;
     let on_chunk = |chunk: u64, line: &format::ManifestLine| -> Result<()> {
@@ -189,8 +215,10 @@ fn build_shuffled(run: &mut Run<'_>, manifest: &mut Manifest) -> Result<(ChunkPl
         let mut m = shared.lock().map_err(|_| Error::Config("internal error: manifest lock poisoned".into()))?;
         m.add(chunk, line.clone())
     };
-    for group in plan.groups(listed, budget_ids) {
-        steps::stage2_chunks(&run.job, &plan, &summaries, group, &run.pool, &run.cancel, &on_chunk)?;
+    let groups = plan.groups(listed, budget.group_ids);
+    run.stage2_budget = Some((budget, groups.len()));
+    for group in groups {
+        steps::stage2_chunks(&run.job, &plan, &summaries, group, &io, &run.pool, &run.cancel, &on_chunk)?;
     }
     run.progress.end();
     run.timings.insert("write_s", t.elapsed().as_secs_f64());

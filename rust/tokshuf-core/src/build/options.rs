@@ -31,7 +31,8 @@ pub struct BuildOptions {
     /// Fast or reference tokenizer implementation; never changes the ids.
     pub tokenizer_backend: Backend,
     pub shuffle: bool,
-    /// Bytes stage 2 may hold in cell ids at once (None: half of physical memory).
+    /// Bytes the build may hold in proportion to its input: stage 2's cell ids and read-ahead
+    /// (`budget`; None: half of physical memory).
     pub memory_limit: Option<u64>,
     pub errors: ErrorPolicy,
     pub progress: bool,
@@ -187,7 +188,7 @@ impl BuildOptions {
         self.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
     }
 
-    /// Half of physical memory by default: it only bounds how many cell ids stage 2 holds.
+    /// Half of physical memory by default.
     pub fn memory_limit(&self) -> u64 {
         self.memory_limit.unwrap_or_else(|| {
             // SAFETY: sysconf has no preconditions.

@@ -3,18 +3,20 @@
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use sha2::{Digest, Sha256};
 
+use super::writeback::{self, Streamed};
 use crate::error::{Error, Result};
 use crate::format::{self, decode_ids, member_name, npy_header, Blocking, Dtype, Format, ManifestLine};
 use crate::testhook;
 
 /// Writes members to a tar, hashing every byte on the way.
 pub struct ShardWriter {
-    tar: tar::Builder<HashingWriter<BufWriter<File>>>,
+    tar: tar::Builder<HashingWriter<BufWriter<Streamed<File>>>>,
     chunk: u64,
     /// Members written so far.
     index: u64,
@@ -49,6 +51,8 @@ impl ShardWriter {
             _ => None,
         };
         let f = File::create(path).map_err(|e| Error::io(path, e))?;
+        // Shards are not read again by the build: their pages leave the page cache once written.
+        let f = Streamed::new(f, writeback::Cache::Drop);
         let w = HashingWriter { inner: BufWriter::with_capacity(1 << 20, f), hasher: Sha256::new(), bytes: 0 };
         Ok(ShardWriter {
             tar: tar::Builder::new(w),
@@ -152,8 +156,8 @@ impl ShardWriter {
         self.flush_block()?;
         let w = self.tar.into_inner()?;
         let HashingWriter { inner, hasher, bytes } = w;
-        let f = inner.into_inner().map_err(|e| e.into_error())?;
-        f.sync_all()?;
+        let mut f = inner.into_inner().map_err(|e| e.into_error())?;
+        f.sync()?;
         Ok((bytes, crate::format::hex(&hasher.finalize())))
     }
 }
@@ -185,6 +189,25 @@ pub fn file_sha256(path: &Path) -> Result<(u64, String)> {
     Ok((bytes, crate::format::hex(&hasher.finalize())))
 }
 
+/// CPU time this thread has used, in nanoseconds.
+fn thread_cpu_ns() -> u64 {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a valid clock id and a pointer to a timespec we own.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) } != 0 {
+        return 0;
+    }
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// Time this thread has spent ready to run but waiting for a CPU, in nanoseconds (0 where the
+/// kernel does not say).
+fn thread_run_delay_ns() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1).and_then(|n| n.parse().ok()))
+        .unwrap_or(0)
+}
+
 /// What writing any shard of this cache needs.
 pub struct ShardSpec {
     pub out: PathBuf,
@@ -195,6 +218,39 @@ pub struct ShardSpec {
     pub block_size: Option<u64>,
     pub zstd_level: Option<i32>,
     pub cancel: Arc<AtomicBool>,
+    pub times: Arc<ShardTimes>,
+}
+
+/// Where writing shards spent its time, summed over threads (tokshuf.json `build.stage2`).
+#[derive(Debug, Default)]
+pub struct ShardTimes {
+    /// Getting contexts (stage 2: gathering them from the spills).
+    read_ns: AtomicU64,
+    /// Formatting, hashing and handing bytes to the kernel (and, paced by the disk, waiting
+    /// for earlier windows to reach it: see `writeback`).
+    write_ns: AtomicU64,
+    /// The fsync of each shard.
+    sync_ns: AtomicU64,
+    /// CPU time of the threads in all of the above, and the time they were ready to run but
+    /// waited for a CPU (Linux schedstat): with the wall times, what was left is waiting for
+    /// the disk.
+    cpu_ns: AtomicU64,
+    cpu_wait_ns: AtomicU64,
+    shards: AtomicU64,
+}
+
+impl ShardTimes {
+    pub fn to_json(&self) -> serde_json::Value {
+        let s = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64 / 1e9;
+        serde_json::json!({
+            "read_s": s(&self.read_ns),
+            "write_s": s(&self.write_ns),
+            "sync_s": s(&self.sync_ns),
+            "cpu_s": s(&self.cpu_ns),
+            "cpu_wait_s": s(&self.cpu_wait_ns),
+            "shards": self.shards.load(Ordering::Relaxed),
+        })
+    }
 }
 
 impl ShardSpec {
@@ -298,13 +354,27 @@ pub fn write_shard(
     } else {
         let tmp = format::tmp_name(&path);
         let mut write = || -> Result<(u64, String)> {
+            let (t0, cpu0, wait0) = (Instant::now(), thread_cpu_ns(), thread_run_delay_ns());
+            let mut reading = std::time::Duration::ZERO;
             let mut w = ShardWriter::create(&tmp, chunk, spec)?;
             let mut buf = vec![0u8; spec.context_bytes() as usize];
             for i in 0..n as u64 {
+                let t = Instant::now();
                 read(i, &mut buf)?;
+                reading += t.elapsed();
                 w.append(&buf).map_err(|e| Error::io(&tmp, e))?;
             }
-            w.finish().map_err(|e| Error::io(&tmp, e))
+            let t = Instant::now();
+            let r = w.finish().map_err(|e| Error::io(&tmp, e))?;
+            let times = &spec.times;
+            let sync = t.elapsed();
+            times.read_ns.fetch_add(reading.as_nanos() as u64, Ordering::Relaxed);
+            times.sync_ns.fetch_add(sync.as_nanos() as u64, Ordering::Relaxed);
+            times.write_ns.fetch_add((t0.elapsed() - reading - sync).as_nanos() as u64, Ordering::Relaxed);
+            times.cpu_ns.fetch_add(thread_cpu_ns().saturating_sub(cpu0), Ordering::Relaxed);
+            times.cpu_wait_ns.fetch_add(thread_run_delay_ns().saturating_sub(wait0), Ordering::Relaxed);
+            times.shards.fetch_add(1, Ordering::Relaxed);
+            Ok(r)
         };
         let r = write().inspect_err(|_| {
             let _ = std::fs::remove_file(&tmp);

@@ -30,23 +30,39 @@ impl Spills {
         Ok(Spills { paths, open, context_bytes })
     }
 
+    pub fn context_bytes(&self) -> u64 {
+        self.context_bytes
+    }
+
+    /// Spill `f`, from the files kept open or from `cache` (a caller's own few open files).
+    fn file<'a>(&'a self, cache: &'a mut HashMap<usize, File>, f: usize) -> Result<&'a File> {
+        if let Some(files) = &self.open {
+            return Ok(&files[f]);
+        }
+        if cache.len() >= KEEP_OPEN / 4 && !cache.contains_key(&f) {
+            cache.clear();
+        }
+        Ok(match cache.entry(f) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(File::open(&self.paths[f]).map_err(|err| Error::io(&self.paths[f], err))?)
+            }
+        })
+    }
+
     pub fn read(&self, cache: &mut HashMap<usize, File>, id: u64, buf: &mut [u8]) -> Result<()> {
         let (f, p) = unpack(id);
-        let file = match &self.open {
-            Some(files) => &files[f],
-            None => {
-                if cache.len() >= KEEP_OPEN / 4 && !cache.contains_key(&f) {
-                    cache.clear();
-                }
-                match cache.entry(f) {
-                    std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-                    std::collections::hash_map::Entry::Vacant(e) => {
-                        e.insert(File::open(&self.paths[f]).map_err(|err| Error::io(&self.paths[f], err))?)
-                    }
-                }
-            }
-        };
+        let file = self.file(cache, f)?;
         file.read_exact_at(buf, p * self.context_bytes).map_err(|e| Error::io(&self.paths[f], e))
+    }
+
+    /// Announce a read of `n` contexts from `id` on: the kernel starts reading what is not in
+    /// the page cache without waiting for it.
+    pub fn will_need(&self, cache: &mut HashMap<usize, File>, id: u64, n: u64) -> Result<()> {
+        let (f, p) = unpack(id);
+        let file = self.file(cache, f)?;
+        advise_will_need(file, p * self.context_bytes, n * self.context_bytes);
+        Ok(())
     }
 }
 
@@ -89,3 +105,13 @@ impl BinSpills {
         spill.read_exact_at(buf, at).map_err(|e| Error::io(&self.spills[f], e))
     }
 }
+
+#[cfg(target_os = "linux")]
+fn advise_will_need(file: &File, offset: u64, len: u64) {
+    use std::os::unix::io::AsRawFd;
+    // SAFETY: a valid descriptor and plain integers; advice only, its result does not matter.
+    unsafe { libc::posix_fadvise(file.as_raw_fd(), offset as i64, len as i64, libc::POSIX_FADV_WILLNEED) };
+}
+
+#[cfg(not(target_os = "linux"))]
+fn advise_will_need(_: &File, _: u64, _: u64) {}

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use crossbeam_channel::{bounded, unbounded};
 
 use crate::build::input::{self, Line, LineBatcher};
+use crate::build::writeback::{Cache, Streamed};
 use crate::error::{Error, Result, SkipReason};
 use crate::format::{self, Dtype, ErrorPolicy, FileSummary, Tail};
 use crate::tokenize::Encoder;
@@ -372,22 +373,11 @@ fn tokenize_batch(cfg: &Stage1Config, path: &Path, first_line: u64, buf: &[u8], 
     Ok(t)
 }
 
-/// A spill file written through a buffer while other threads read its finished part.
-pub struct SharedFile(pub Arc<File>);
-
-impl Write for SharedFile {
-    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
-        (&*self.0).write(data)
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// Cuts one file's id stream into contexts and appends them to its spill (also used by
 /// `shards`, whose contexts come whole).
 pub(super) struct FileWriter {
-    out: BufWriter<SharedFile>,
+    /// Other threads may read the spill's finished part while it is written (streaming builds).
+    out: BufWriter<Streamed<Arc<File>>>,
     shared: Arc<File>,
     pub(super) tmp: PathBuf,
     cur: Vec<u32>,
@@ -419,7 +409,8 @@ impl FileWriter {
             .collect::<Result<Vec<_>>>()?;
         let summary = FileSummary { bin_examples: vec![0; nbins], bin_tokens: vec![0; nbins], ..Default::default() };
         Ok(FileWriter {
-            out: BufWriter::with_capacity(buffer, SharedFile(shared.clone())),
+            // Stage 2 reads the spill soon: its pages stay in the page cache.
+            out: BufWriter::with_capacity(buffer, Streamed::new(shared.clone(), Cache::Keep)),
             shared,
             tmp,
             cur: Vec::with_capacity(cfg.seqlen),

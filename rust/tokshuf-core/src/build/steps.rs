@@ -26,9 +26,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::cells::pack;
+use super::gather::{Buffers, Gather};
 use super::manifest::manifest_text;
 use super::plan::{self, ChunkPlan};
-use super::shard::{write_shard, ShardSpec};
+use super::shard::{write_shard, ShardSpec, ShardTimes};
 use super::shards;
 use super::spills::Spills;
 use super::stage1::{self, Schedule, Stage1Config};
@@ -64,7 +65,7 @@ impl Job {
             })
             .collect()
     }
-    fn shard_spec(&self, cancel: Arc<AtomicBool>) -> ShardSpec {
+    fn shard_spec(&self, cancel: Arc<AtomicBool>, times: Arc<ShardTimes>) -> ShardSpec {
         let r = &self.recipe;
         ShardSpec {
             out: self.out.clone(),
@@ -74,6 +75,7 @@ impl Job {
             block_size: r.block_size,
             zstd_level: r.zstd_level,
             cancel,
+            times,
         }
     }
 }
@@ -164,14 +166,24 @@ pub fn stitch(job: &Job, cfg: &Stage1Config, summaries: &[FileSummary]) -> Resul
     Ok(Some(s))
 }
 
+/// How stage 2 runs on this machine: never what it writes.
+#[derive(Clone, Debug)]
+pub struct Stage2Io {
+    /// Contexts each thread gathers from the spills at a time (`budget::Stage2Budget`).
+    pub gather_window: usize,
+    pub times: Arc<ShardTimes>,
+}
+
 /// Step 5: write the shards of chunks `chunks` (of `plan`, from the spills of `summaries`);
 /// returns their manifest lines in chunk order. A shard already there is kept (and hashed).
 /// `on_chunk` hears of each chunk as it is written, on the pool's threads.
+#[allow(clippy::too_many_arguments)]
 pub fn stage2_chunks(
     job: &Job,
     plan: &ChunkPlan,
     summaries: &[FileSummary],
     chunks: Range<u64>,
+    io: &Stage2Io,
     pool: &ThreadPool,
     cancel: &Arc<AtomicBool>,
     on_chunk: &(dyn Fn(u64, &ManifestLine) -> Result<()> + Sync),
@@ -179,7 +191,7 @@ pub fn stage2_chunks(
     if chunks.is_empty() {
         return Ok(Vec::new());
     }
-    let spec = job.shard_spec(cancel.clone());
+    let spec = job.shard_spec(cancel.clone(), io.times.clone());
     let cs = plan.chunk_size;
     let lines = match plan.cells {
         Some(_) => {
@@ -187,6 +199,7 @@ pub fn stage2_chunks(
             let padded: HashMap<u64, u32> =
                 summaries.iter().enumerate().flat_map(|(f, s)| s.padded.iter().map(move |&(p, n)| (pack(f, p), n))).collect();
             let spills = Spills::open(&job.work, plan.counts.len(), spec.context_bytes())?;
+            let buffers = Buffers::default();
             testhook::point("stage2.group");
             pool.install(|| {
                 ids.par_chunks(cs as usize)
@@ -194,8 +207,11 @@ pub fn stage2_chunks(
                     .map(|(i, ids)| {
                         let chunk = chunks.start + i as u64;
                         let padding: u64 = ids.iter().filter_map(|id| padded.get(id)).map(|&n| n as u64).sum();
-                        let mut open = HashMap::new();
-                        let line = write_shard(&spec, chunk, ids.len(), padding, |i, buf| spills.read(&mut open, ids[i as usize], buf))?;
+                        let mut buf = buffers.take();
+                        let mut gather = Gather::new(&spills, ids, io.gather_window, &mut buf);
+                        let line = write_shard(&spec, chunk, ids.len(), padding, |i, out| gather.read(i as usize, out));
+                        buffers.give(buf);
+                        let line = line?;
                         on_chunk(chunk, &line)?;
                         Ok(line)
                     })
