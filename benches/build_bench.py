@@ -57,6 +57,8 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # the children run this file directly and import tests.support
 
 DEFAULT_INPUT = str(Path(os.environ.get("TOKSHUF_CORPUS") or "/work/corpus") / "subset100m" / "jsonl")
 TOKENIZERS = {

@@ -42,7 +42,7 @@ use unicode_normalization_alignments::UnicodeNormalization;
 use crate::tokenize::bpe::BytePairEncoder;
 use crate::tokenize::encoder::Encoder;
 use crate::tokenize::hfbpe::MergeBpe;
-use crate::tokenize::piece_cache::PieceCache;
+use crate::tokenize::piece_cache::{Lookahead, PieceCache};
 use crate::tokenize::pretok::{self, CharClasses, Engine, Pattern, PreTokenizer};
 
 /// Slots of each thread's memo: 2^18 x 32 bytes = 8 MiB per thread and tokenizer, allocated
@@ -236,9 +236,10 @@ impl FastEncoder {
     #[inline]
     fn encode_plain(&self, text: &str, out: &mut Vec<u32>, st: &mut ThreadState) -> Result<(), usize> {
         let model = &self.model;
-        let cache = &mut st.cache;
-        let b = text.as_bytes();
-        self.pretok.split_ranges(text, |s, e| cache.encode(b, s, e, out, |p, o| model.encode_piece(p, o)))
+        let mut pieces = Lookahead::new(&mut st.cache, text.as_bytes(), out, |p: &[u8], o: &mut Vec<u32>| model.encode_piece(p, o));
+        self.pretok.split_ranges(text, |s, e| pieces.push(s, e))?;
+        pieces.finish();
+        Ok(())
     }
 
     fn encode_normalized(&self, text: &str, out: &mut Vec<u32>, st: &mut ThreadState) -> Result<(), usize> {

@@ -14,9 +14,10 @@
 //! different pair, so its order is exactly "lowest rank, then leftmost", which is what both
 //! loops here implement.
 //!
-//! Merging runs only on memo misses, yet takes a quarter of a cl100k build, most of it
-//! waiting on pair-table lookups from memory. A per-thread 64 KiB direct-mapped cache of
-//! those lookups was tried and gave no measurable gain: the pairs met are too varied.
+//! Merging runs only on memo misses, yet took a quarter of a cl100k build, most of it
+//! waiting on pair-table lookups from memory (see `pair_table.rs` for the table's layout).
+//! A per-thread 64 KiB direct-mapped cache of those lookups was tried and gave no
+//! measurable gain: the pairs met are too varied.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -27,6 +28,8 @@ use rustc_hash::FxHashMap;
 use serde_json::Value;
 
 use crate::tokenize::bpe::BytePairEncoder;
+use crate::tokenize::pair_table::PairTable;
+use crate::tokenize::token_table::{pack, TokenTable, MAX_LEN};
 
 const NO_PAIR: (u32, u32) = (u32::MAX, u32::MAX);
 
@@ -57,37 +60,18 @@ pub fn byte_level_decode(token: &str, inverse: &FxHashMap<char, u8>) -> Option<V
 /// Where a piece that is itself a token is looked up before merging, if anywhere.
 enum Whole {
     Never,
-    /// Tokens of up to 15 bytes by their bytes packed in an integer (most lookups), longer
-    /// ones by their bytes: `ignore_merges` of tokenizer.json (the vocabulary) or tiktoken
-    /// (its ranks).
+    /// Tokens of up to 15 bytes in a `TokenTable` (most lookups), longer ones by their
+    /// bytes: `ignore_merges` of tokenizer.json (the vocabulary) or tiktoken (its ranks).
     Tokens {
-        short: FxHashMap<u128, u32>,
+        short: TokenTable,
         long: FxHashMap<Vec<u8>, u32>,
     },
 }
 
-/// `bytes` (at most 15) and their length in one integer.
-#[inline(always)]
-fn pack(bytes: &[u8]) -> u128 {
-    let mut buf = [0u8; 16];
-    buf[..bytes.len()].copy_from_slice(bytes);
-    buf[15] = bytes.len() as u8;
-    u128::from_le_bytes(buf)
-}
-
 impl Whole {
     fn tokens<'a>(it: impl Iterator<Item = (&'a [u8], u32)>) -> Whole {
-        let (mut short, mut long) = (FxHashMap::default(), FxHashMap::default());
-        let it = it.into_iter();
-        short.reserve(it.size_hint().0);
-        for (bytes, id) in it {
-            if bytes.len() < 16 {
-                short.insert(pack(bytes), id);
-            } else {
-                long.insert(bytes.to_vec(), id);
-            }
-        }
-        Whole::Tokens { short, long }
+        let (short, long): (Vec<_>, Vec<_>) = it.filter(|(b, _)| !b.is_empty()).partition(|(b, _)| b.len() <= MAX_LEN);
+        Whole::Tokens { short: TokenTable::new(short.into_iter()), long: long.into_iter().map(|(b, id)| (b.to_vec(), id)).collect() }
     }
 
     #[inline(always)]
@@ -95,11 +79,21 @@ impl Whole {
         match self {
             Whole::Never => None,
             Whole::Tokens { short, long } => {
-                if piece.len() < 16 {
-                    short.get(&pack(piece)).copied()
+                if piece.len() <= MAX_LEN {
+                    short.get(pack(piece))
                 } else {
                     long.get(piece).copied()
                 }
+            }
+        }
+    }
+
+    /// Ask for the line where `piece` would be, if it is short.
+    #[inline(always)]
+    fn prefetch(&self, piece: &[u8]) {
+        if let Whole::Tokens { short, .. } = self {
+            if piece.len() <= MAX_LEN {
+                short.prefetch(pack(piece));
             }
         }
     }
@@ -110,8 +104,7 @@ pub struct MergeBpe {
     /// (rank, merged id) of each pair of single bytes, `NO_PAIR` if none: the first round
     /// of every merge without hashing.
     byte_pairs: Box<[(u32, u32)]>,
-    /// (left id << 32 | right id) -> (rank, merged id).
-    merges: FxHashMap<u64, (u32, u32)>,
+    merges: PairTable,
     whole: Whole,
 }
 
@@ -182,12 +175,18 @@ impl MergeBpe {
             byte_ids[b as usize] = ranks.get(&[b][..]).copied().expect("BytePairEncoder checks single bytes");
         }
         let whole = Whole::tokens(ranks.iter().map(|(b, &r)| (&b[..], r)));
-        // Every split of every token into two tokens, found on two threads (a tenth of a
-        // second for o200k on one).
+        // Every split of every token into two tokens, found on two threads.
         let tokens: Vec<(&[u8], u32)> = ranks.iter().map(|(b, &r)| (&b[..], r)).collect();
         let splits = |part: &[(&[u8], u32)]| -> Vec<(u64, u32)> {
             let mut v = Vec::with_capacity(part.len() * 3);
-            for &(tok, rank) in part {
+            for (i, &(tok, rank)) in part.iter().enumerate() {
+                // The lines the next token's lookups need, requested while this one's are made.
+                if let Some(&(next, _)) = part.get(i + 1) {
+                    for k in 1..next.len() {
+                        whole.prefetch(&next[..k]);
+                        whole.prefetch(&next[k..]);
+                    }
+                }
                 for k in 1..tok.len() {
                     if let (Some(a), Some(b)) = (whole.get(&tok[..k]), whole.get(&tok[k..])) {
                         v.push((((a as u64) << 32) | b as u64, rank));
@@ -221,12 +220,12 @@ impl MergeBpe {
                 }
             }
         }
-        MergeBpe { byte_ids, byte_pairs, merges, whole }
+        MergeBpe { byte_ids, byte_pairs, merges: PairTable::new(&merges), whole }
     }
 
     #[inline]
     fn merge(&self, a: u32, b: u32) -> Option<(u32, u32)> {
-        self.merges.get(&(((a as u64) << 32) | b as u64)).copied()
+        self.merges.get(a, b)
     }
 
     /// Append the ids of one pre-token (raw bytes; the byte-level mapping is implied).
@@ -280,6 +279,13 @@ impl MergeBpe {
                 pairs[k - 1] = pairs[k];
             }
             n -= 1;
+            // Both new pairs are looked up with their lines already requested.
+            if i > 0 {
+                self.merges.prefetch(syms[i - 1], syms[i]);
+            }
+            if i + 1 < n {
+                self.merges.prefetch(syms[i], syms[i + 1]);
+            }
             if i > 0 {
                 pairs[i - 1] = self.merge(syms[i - 1], syms[i]).unwrap_or(NONE);
             }

@@ -16,6 +16,8 @@
 
 use rustc_hash::FxHashMap;
 
+use crate::tokenize::prefetch::prefetch;
+
 const KEY_BYTES: usize = 16;
 const SLOT_IDS: usize = 3;
 /// Pieces up to this long go to the map; longer ones are never cached.
@@ -37,6 +39,68 @@ struct Slot {
 struct Set([Slot; 2]);
 
 const EMPTY: Slot = Slot { key: [0; 2], len: 0, n: 0, ids: [0; SLOT_IDS] };
+
+/// A piece of the text and the set that remembers it (`usize::MAX`: too long for a slot).
+#[derive(Clone, Copy)]
+struct Located {
+    start: usize,
+    end: usize,
+    set: usize,
+    key: [u64; 2],
+}
+
+const NOWHERE: Located = Located { start: 0, end: 0, set: usize::MAX, key: [0; 2] };
+
+/// Pieces are looked up this many pieces after the scanner found them.
+const AHEAD: usize = 16;
+
+/// Looks pieces up some pieces after they are found, their sets prefetched when found: a
+/// lookup then waits on no memory, and up to `AHEAD` of them are in flight while the
+/// scanner runs on. Ids come out in piece order.
+pub struct Lookahead<'a, F> {
+    cache: &'a mut PieceCache,
+    text: &'a [u8],
+    out: &'a mut Vec<u32>,
+    encode: F,
+    ring: [Located; AHEAD],
+    head: usize,
+    len: usize,
+}
+
+impl<'a, F: Fn(&[u8], &mut Vec<u32>)> Lookahead<'a, F> {
+    /// Pieces of `text` go through `cache`, their ids to `out`; `encode` merges a piece the
+    /// cache does not hold (appending its ids to `out`).
+    pub fn new(cache: &'a mut PieceCache, text: &'a [u8], out: &'a mut Vec<u32>, encode: F) -> Self {
+        Lookahead { cache, text, out, encode, ring: [NOWHERE; AHEAD], head: 0, len: 0 }
+    }
+
+    /// The next piece, `text[start..end]`.
+    #[inline(always)]
+    pub fn push(&mut self, start: usize, end: usize) {
+        if self.len == AHEAD {
+            self.pop();
+        }
+        let p = self.cache.locate(self.text, start, end);
+        self.cache.prefetch(&p);
+        self.ring[(self.head + self.len) % AHEAD] = p;
+        self.len += 1;
+    }
+
+    #[inline(always)]
+    fn pop(&mut self) {
+        let p = self.ring[self.head];
+        self.cache.resolve(self.text, &p, self.out, &self.encode);
+        self.head = (self.head + 1) % AHEAD;
+        self.len -= 1;
+    }
+
+    /// Look up the pieces still waiting.
+    pub fn finish(mut self) {
+        while self.len > 0 {
+            self.pop();
+        }
+    }
+}
 
 pub struct PieceCache {
     sets: Vec<Set>,
@@ -100,12 +164,35 @@ impl PieceCache {
     /// by `encode` (which must append them to `out`) and remembered.
     #[inline(always)]
     pub fn encode(&mut self, text: &[u8], start: usize, end: usize, out: &mut Vec<u32>, encode: impl FnOnce(&[u8], &mut Vec<u32>)) {
-        let len = end - start;
-        if len > KEY_BYTES {
-            return self.encode_long(&text[start..end], out, encode);
+        let p = self.locate(text, start, end);
+        self.resolve(text, &p, out, encode);
+    }
+
+    /// Where the piece `text[start..end]` would be remembered. `prefetch` asks for that
+    /// cache line now, so a later `resolve` finds it in cache.
+    #[inline(always)]
+    fn locate(&self, text: &[u8], start: usize, end: usize) -> Located {
+        if end - start > KEY_BYTES {
+            return Located { start, end, set: usize::MAX, key: [0; 2] };
         }
         let key = key_words(text, start, end);
-        let si = hash(&key) as usize & self.mask;
+        Located { start, end, set: hash(&key) as usize & self.mask, key }
+    }
+
+    #[inline(always)]
+    fn prefetch(&self, p: &Located) {
+        if let Some(set) = self.sets.get(p.set) {
+            prefetch(set);
+        }
+    }
+
+    #[inline(always)]
+    fn resolve(&mut self, text: &[u8], p: &Located, out: &mut Vec<u32>, encode: impl FnOnce(&[u8], &mut Vec<u32>)) {
+        let (start, end, key, si) = (p.start, p.end, p.key, p.set);
+        if si == usize::MAX {
+            return self.encode_long(&text[start..end], out, encode);
+        }
+        let len = end - start;
         let set = &mut self.sets[si].0;
         // Keys are zero-padded, so the length must match too ("a" vs "a\0").
         let hit = |s: &Slot| s.key == key && s.len as usize == len;
