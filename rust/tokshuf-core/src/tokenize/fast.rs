@@ -236,7 +236,8 @@ impl FastEncoder {
     #[inline]
     fn encode_plain(&self, text: &str, out: &mut Vec<u32>, st: &mut ThreadState) -> Result<(), usize> {
         let model = &self.model;
-        let mut pieces = Lookahead::new(&mut st.cache, text.as_bytes(), out, |p: &[u8], o: &mut Vec<u32>| model.encode_piece(p, o));
+        let encode = |p: &[u8], o: &mut Vec<u32>| model.encode_piece(p, o);
+        let mut pieces = Lookahead::new(&mut st.cache, model.short_tokens(), text.as_bytes(), out, encode);
         self.pretok.split_ranges(text, |s, e| pieces.push(s, e))?;
         pieces.finish();
         Ok(())

@@ -57,11 +57,12 @@ pub fn byte_level_decode(token: &str, inverse: &FxHashMap<char, u8>) -> Option<V
     token.chars().map(|c| inverse.get(&c).copied()).collect()
 }
 
-/// Where a piece that is itself a token is looked up before merging, if anywhere.
+/// Pieces that are themselves a token and encode to it, found without merging.
 enum Whole {
     Never,
     /// Tokens of up to 15 bytes in a `TokenTable` (most lookups), longer ones by their
-    /// bytes: `ignore_merges` of tokenizer.json (the vocabulary) or tiktoken (its ranks).
+    /// bytes: `ignore_merges` of tokenizer.json (the vocabulary) or tiktoken (its ranks);
+    /// for other tokenizer.json files, the short tokens whose own merge ends in them.
     Tokens {
         short: TokenTable,
         long: FxHashMap<Vec<u8>, u32>,
@@ -71,7 +72,7 @@ enum Whole {
 impl Whole {
     fn tokens<'a>(it: impl Iterator<Item = (&'a [u8], u32)>) -> Whole {
         let (short, long): (Vec<_>, Vec<_>) = it.filter(|(b, _)| !b.is_empty()).partition(|(b, _)| b.len() <= MAX_LEN);
-        Whole::Tokens { short: TokenTable::new(short.into_iter()), long: long.into_iter().map(|(b, id)| (b.to_vec(), id)).collect() }
+        Whole::Tokens { short: TokenTable::new(&short), long: long.into_iter().map(|(b, id)| (b.to_vec(), id)).collect() }
     }
 
     #[inline(always)]
@@ -128,8 +129,7 @@ impl MergeBpe {
             }
         }
         let list = model.get("merges").and_then(Value::as_array).ok_or("model has no merges")?;
-        let mut merges = FxHashMap::default();
-        merges.reserve(list.len());
+        let mut merges = PairTable::with_capacity(list.len());
         let mut merged = String::new();
         for (rank, m) in list.iter().enumerate() {
             // "a b" (older files) or ["a", "b"].
@@ -153,18 +153,41 @@ impl MergeBpe {
             merged.push_str(b);
             let inew = id_of(&merged).ok_or_else(|| missing(&merged))?;
             // Later duplicates win, as in `tokenizers` (it collects into a map in order).
-            merges.insert(((ia as u64) << 32) | ib as u64, (rank as u32, inew));
+            merges.insert(ia, ib, rank as u32, inew);
         }
         let ignore_merges = model.get("ignore_merges").and_then(Value::as_bool).unwrap_or(false);
-        let whole = if ignore_merges {
-            let inverse: FxHashMap<char, u8> = alphabet.iter().enumerate().map(|(b, &c)| (c, b as u8)).collect();
-            let decoded: Vec<(Vec<u8>, u32)> =
-                vocab.iter().filter_map(|(tok, id)| Some((byte_level_decode(tok, &inverse)?, u32::try_from(id.as_u64()?).ok()?))).collect();
-            Whole::tokens(decoded.iter().map(|(b, id)| (&b[..], *id)))
+        let inverse: FxHashMap<char, u8> = alphabet.iter().enumerate().map(|(b, &c)| (c, b as u8)).collect();
+        let decoded = vocab.iter().filter_map(|(tok, id)| Some((byte_level_decode(tok, &inverse)?, u32::try_from(id.as_u64()?).ok()?)));
+        let bpe = if ignore_merges {
+            let decoded: Vec<(Vec<u8>, u32)> = decoded.collect();
+            MergeBpe::assemble(byte_ids, merges, Whole::tokens(decoded.iter().map(|(b, id)| (&b[..], *id))))
         } else {
-            Whole::Never
+            // A token is its own encoding when its merge ends in it; those of up to 15 bytes
+            // (most pieces) then need no merging, as if `ignore_merges` were set.
+            let bpe = MergeBpe::assemble(byte_ids, merges, Whole::Never);
+            let short: Vec<(Vec<u8>, u32)> = decoded.filter(|(b, _)| (1..=MAX_LEN).contains(&b.len())).collect();
+            let own = |part: &[(Vec<u8>, u32)]| -> Vec<(Vec<u8>, u32)> {
+                let mut ids = Vec::new();
+                part.iter()
+                    .filter(|(b, id)| {
+                        ids.clear();
+                        bpe.encode_piece(b, &mut ids);
+                        ids[..] == [*id]
+                    })
+                    .cloned()
+                    .collect()
+            };
+            let (first, second) = short.split_at(short.len() / 2);
+            let (x, y) = std::thread::scope(|sc| {
+                let h = sc.spawn(|| own(second));
+                let x = own(first);
+                (x, h.join().unwrap_or_else(|_| own(second)))
+            });
+            let own: Vec<(&[u8], u32)> = x.iter().chain(&y).map(|(b, id)| (&b[..], *id)).collect();
+            let table = TokenTable::new(&own);
+            MergeBpe { whole: Whole::Tokens { short: table, long: FxHashMap::default() }, ..bpe }
         };
-        Ok(MergeBpe::assemble(byte_ids, merges, whole))
+        Ok(bpe)
     }
 
     /// tiktoken's merge for its ranks (see the module comment).
@@ -201,30 +224,30 @@ impl MergeBpe {
             let x = splits(first);
             (x, h.join().unwrap_or_else(|_| splits(second)))
         });
-        let mut merges = FxHashMap::default();
-        merges.reserve(x.len() + y.len());
+        // A pair names one byte string, so one token: no pair is met twice.
+        let mut merges = PairTable::with_capacity(x.len() + y.len());
         for (pair, rank) in x.into_iter().chain(y) {
-            merges.insert(pair, (rank, rank));
+            merges.insert((pair >> 32) as u32, pair as u32, rank, rank);
         }
         MergeBpe::assemble(byte_ids, merges, whole)
     }
 
-    fn assemble(byte_ids: [u32; 256], merges: FxHashMap<u64, (u32, u32)>, whole: Whole) -> MergeBpe {
+    fn assemble(byte_ids: [u32; 256], merges: PairTable, whole: Whole) -> MergeBpe {
         let mut byte_pairs = vec![NO_PAIR; 256 * 256].into_boxed_slice();
         for a in 0..256 {
             for b in 0..256 {
                 if byte_ids[a] != u32::MAX && byte_ids[b] != u32::MAX {
-                    if let Some(&m) = merges.get(&(((byte_ids[a] as u64) << 32) | byte_ids[b] as u64)) {
+                    if let Some(m) = merges.get(byte_ids[a], byte_ids[b]) {
                         byte_pairs[a * 256 + b] = m;
                     }
                 }
             }
         }
-        MergeBpe { byte_ids, byte_pairs, merges: PairTable::new(&merges), whole }
+        MergeBpe { byte_ids, byte_pairs, merges, whole }
     }
 
     #[inline]
-    fn merge(&self, a: u32, b: u32) -> Option<(u32, u32)> {
+    fn pair(&self, a: u32, b: u32) -> Option<(u32, u32)> {
         self.merges.get(a, b)
     }
 
@@ -237,6 +260,19 @@ impl MergeBpe {
             out.push(id);
             return;
         }
+        self.merge(piece, out);
+    }
+
+    /// The short pieces that are a token of their own, where `encode_piece` looks first
+    /// (`None`: no such shortcut).
+    pub fn short_tokens(&self) -> Option<&TokenTable> {
+        match &self.whole {
+            Whole::Tokens { short, .. } => Some(short),
+            Whole::Never => None,
+        }
+    }
+
+    fn merge(&self, piece: &[u8], out: &mut Vec<u32>) {
         if piece.len() == 1 {
             out.push(self.byte_ids[piece[0] as usize]);
         } else if piece.len() <= HEAP_THRESHOLD {
@@ -287,10 +323,10 @@ impl MergeBpe {
                 self.merges.prefetch(syms[i], syms[i + 1]);
             }
             if i > 0 {
-                pairs[i - 1] = self.merge(syms[i - 1], syms[i]).unwrap_or(NONE);
+                pairs[i - 1] = self.pair(syms[i - 1], syms[i]).unwrap_or(NONE);
             }
             if i + 1 < n {
-                pairs[i] = self.merge(syms[i], syms[i + 1]).unwrap_or(NONE);
+                pairs[i] = self.pair(syms[i], syms[i + 1]).unwrap_or(NONE);
             }
         }
         out.extend_from_slice(&syms[..n]);
@@ -318,7 +354,7 @@ impl MergeBpe {
         }
         let mut heap = BinaryHeap::from(initial);
         let set_pair = |heap: &mut BinaryHeap<Reverse<u64>>, pair: &mut [(u32, u32)], p: usize, a: u32, b: u32| {
-            pair[p] = match self.merge(a, b) {
+            pair[p] = match self.pair(a, b) {
                 Some((r, new)) => {
                     heap.push(Reverse(((r as u64) << 32) | p as u64));
                     (r, new)

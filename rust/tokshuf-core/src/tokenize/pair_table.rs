@@ -6,8 +6,6 @@
 //! to a line, with linear probing at a load of at most 1/2: a lookup usually reads one
 //! line, and `prefetch` lets the two lookups that follow a merge wait on memory together.
 
-use rustc_hash::FxHashMap;
-
 use crate::tokenize::prefetch::prefetch;
 
 const EMPTY: u64 = u64::MAX;
@@ -31,20 +29,23 @@ fn key(a: u32, b: u32) -> u64 {
 }
 
 impl PairTable {
-    /// From `key(a, b) -> (rank, merged id)`; ids are below `u32::MAX`, so no key is `EMPTY`.
-    pub fn new(map: &FxHashMap<u64, (u32, u32)>) -> PairTable {
-        let bits = (map.len().max(1) * 2).next_power_of_two().trailing_zeros().max(4);
-        let mut t = PairTable { entries: vec![Entry { key: EMPTY, rank: 0, id: 0 }; 1 << bits].into_boxed_slice(), shift: 64 - bits };
-        let mask = t.entries.len() - 1;
-        for (&k, &(rank, id)) in map {
-            debug_assert_ne!(k, EMPTY);
-            let mut i = t.home(k);
-            while t.entries[i].key != EMPTY {
-                i = (i + 1) & mask;
-            }
-            t.entries[i] = Entry { key: k, rank, id };
+    /// An empty table with room for `n` pairs.
+    pub fn with_capacity(n: usize) -> PairTable {
+        let bits = (n.max(1) * 2).next_power_of_two().trailing_zeros().max(4);
+        PairTable { entries: vec![Entry { key: EMPTY, rank: 0, id: 0 }; 1 << bits].into_boxed_slice(), shift: 64 - bits }
+    }
+
+    /// Set the pair `(a, b)` to merge with `rank` into `id` (a pair set again takes the
+    /// new value). At most the `n` pairs of `with_capacity`; ids are below `u32::MAX`.
+    pub fn insert(&mut self, a: u32, b: u32, rank: u32, id: u32) {
+        let k = key(a, b);
+        debug_assert_ne!(k, EMPTY);
+        let mask = self.entries.len() - 1;
+        let mut i = self.home(k);
+        while self.entries[i].key != EMPTY && self.entries[i].key != k {
+            i = (i + 1) & mask;
         }
-        t
+        self.entries[i] = Entry { key: k, rank, id };
     }
 
     /// Fibonacci hashing: the top bits of the product.
@@ -80,6 +81,8 @@ impl PairTable {
 
 #[cfg(test)]
 mod tests {
+    use rustc_hash::FxHashMap;
+
     use super::*;
 
     #[test]
@@ -91,7 +94,10 @@ mod tests {
             // Few distinct left ids: many keys share high bits and collide.
             map.insert(key((seed % 7) as u32, seed as u32 >> 3), (i, i + 1));
         }
-        let t = PairTable::new(&map);
+        let mut t = PairTable::with_capacity(map.len());
+        for (&k, &(rank, id)) in &map {
+            t.insert((k >> 32) as u32, k as u32, rank, id);
+        }
         for (&k, &v) in &map {
             assert_eq!(t.get((k >> 32) as u32, k as u32), Some(v));
         }
@@ -100,6 +106,9 @@ mod tests {
                 assert_eq!(t.get(a, b), map.get(&key(a, b)).copied());
             }
         }
-        assert_eq!(PairTable::new(&FxHashMap::default()).get(1, 2), None);
+        t.insert(0, 0, 7, 8);
+        t.insert(0, 0, 9, 10); // set again: the new value
+        assert_eq!(t.get(0, 0), Some((9, 10)));
+        assert_eq!(PairTable::with_capacity(0).get(1, 2), None);
     }
 }

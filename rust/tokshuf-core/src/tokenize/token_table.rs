@@ -37,11 +37,11 @@ pub struct TokenTable {
 
 impl TokenTable {
     /// From (bytes, id) of tokens of 1 to `MAX_LEN` bytes; a later duplicate wins.
-    pub fn new<'a>(tokens: impl ExactSizeIterator<Item = (&'a [u8], u32)>) -> TokenTable {
+    pub fn new(tokens: &[(&[u8], u32)]) -> TokenTable {
         let bits = (tokens.len().max(1) * 2).next_power_of_two().trailing_zeros().max(4);
         let mut t = TokenTable { entries: vec![Entry { key: 0, id: 0 }; 1 << bits].into_boxed_slice(), shift: 64 - bits };
         let mask = t.entries.len() - 1;
-        for (bytes, id) in tokens {
+        for &(bytes, id) in tokens {
             debug_assert!((1..=MAX_LEN).contains(&bytes.len()));
             let key = pack(bytes);
             let mut i = t.home(key);
@@ -93,7 +93,7 @@ mod tests {
         let mut tokens: Vec<(&[u8], u32)> = words.iter().enumerate().map(|(i, w)| (&w[..], i as u32)).collect();
         tokens.push((b"w0", 99_999));
         tokens.push((b"a\0", 5)); // a trailing zero byte differs from "a" by its length
-        let t = TokenTable::new(tokens.into_iter());
+        let t = TokenTable::new(&tokens);
         assert_eq!(t.get(pack(b"w0")), Some(99_999));
         assert_eq!(t.get(pack(&words[17])), Some(17));
         assert_eq!(t.get(pack(b"a\0")), Some(5));
