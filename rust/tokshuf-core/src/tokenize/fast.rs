@@ -39,7 +39,7 @@ use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use serde_json::Value;
 use unicode_normalization_alignments::UnicodeNormalization;
 
-use crate::tokenize::bpe::BytePairEncoder;
+use crate::tokenize::bpe::TokenList;
 use crate::tokenize::encoder::Encoder;
 use crate::tokenize::hfbpe::MergeBpe;
 use crate::tokenize::piece_cache::{Lookahead, PieceCache};
@@ -146,12 +146,12 @@ pub struct FastEncoder {
 
 impl FastEncoder {
     /// A tiktoken encoding with pre-tokenizer `pattern`; `Err(reason)` if not modelled.
-    pub fn tiktoken(pattern: &str, bpe: Arc<BytePairEncoder>, reference: Arc<dyn Encoder>) -> Result<FastEncoder, String> {
+    pub fn tiktoken(pattern: &str, list: &TokenList, reference: Arc<dyn Encoder>) -> Result<FastEncoder, String> {
         let p = Pattern::recognise(pattern, Engine::FancyRegex).ok_or("pre-tokenizer pattern not recognised")?;
         Ok(FastEncoder {
             uid: NEXT_UID.fetch_add(1, Ordering::Relaxed),
             pretok: PreTokenizer::new(p).map_err(|e| e.to_string())?,
-            model: MergeBpe::from_tiktoken(bpe),
+            model: MergeBpe::from_tiktoken(list)?,
             nfc: false,
             raw_added: None,
             normalized_added: None,

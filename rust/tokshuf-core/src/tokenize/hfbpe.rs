@@ -22,12 +22,10 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use std::sync::Arc;
-
 use rustc_hash::FxHashMap;
 use serde_json::Value;
 
-use crate::tokenize::bpe::BytePairEncoder;
+use crate::tokenize::bpe::TokenList;
 use crate::tokenize::pair_table::PairTable;
 use crate::tokenize::token_table::{pack, TokenTable, MAX_LEN};
 
@@ -191,15 +189,14 @@ impl MergeBpe {
     }
 
     /// tiktoken's merge for its ranks (see the module comment).
-    pub fn from_tiktoken(bpe: Arc<BytePairEncoder>) -> MergeBpe {
-        let ranks = bpe.ranks();
+    pub fn from_tiktoken(list: &TokenList) -> std::result::Result<MergeBpe, String> {
+        let whole = Whole::tokens(list.iter());
         let mut byte_ids = [0u32; 256];
         for b in 0..=255u8 {
-            byte_ids[b as usize] = ranks.get(&[b][..]).copied().expect("BytePairEncoder checks single bytes");
+            byte_ids[b as usize] = whole.get(&[b]).ok_or_else(|| format!("vocabulary lacks the single byte {b:#04x}"))?;
         }
-        let whole = Whole::tokens(ranks.iter().map(|(b, &r)| (&b[..], r)));
         // Every split of every token into two tokens, found on two threads.
-        let tokens: Vec<(&[u8], u32)> = ranks.iter().map(|(b, &r)| (&b[..], r)).collect();
+        let tokens: Vec<(&[u8], u32)> = list.iter().collect();
         let splits = |part: &[(&[u8], u32)]| -> Vec<(u64, u32)> {
             let mut v = Vec::with_capacity(part.len() * 3);
             for (i, &(tok, rank)) in part.iter().enumerate() {
@@ -229,7 +226,7 @@ impl MergeBpe {
         for (pair, rank) in x.into_iter().chain(y) {
             merges.insert((pair >> 32) as u32, pair as u32, rank, rank);
         }
-        MergeBpe::assemble(byte_ids, merges, whole)
+        Ok(MergeBpe::assemble(byte_ids, merges, whole))
     }
 
     fn assemble(byte_ids: [u32; 256], merges: PairTable, whole: Whole) -> MergeBpe {
@@ -438,15 +435,27 @@ mod tests {
     /// The tiktoken form gives the reference merge of `bpe.rs`.
     #[test]
     fn tiktoken_pairs_equal_byte_ranks() {
-        let mut ranks = crate::tokenize::bpe::Ranks::default();
+        use crate::tokenize::bpe::{parse_token_list, ranks_of, BytePairEncoder};
+        let b64 = |b: &[u8]| -> String {
+            const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+            b.chunks(3)
+                .flat_map(|c| {
+                    let n = c.iter().enumerate().fold(0u32, |acc, (i, &x)| acc | (x as u32) << (16 - 8 * i));
+                    (0..4).map(move |k| if k <= c.len() { A[(n >> (18 - 6 * k)) as usize & 63] as char } else { '=' })
+                })
+                .collect()
+        };
+        let mut file = String::new();
         for b in 0..=255u8 {
-            ranks.insert(vec![b], b as u32);
+            file += &format!("{} {b}\n", b64(&[b]));
         }
         for (i, t) in ["ab", "bc", "abc", "aa", "aaaa", "ca", "bcab", "cab", "abca"].iter().enumerate() {
-            ranks.insert(t.as_bytes().to_vec(), 256 + i as u32);
+            file += &format!("{} {}\n", b64(t.as_bytes()), 256 + i);
         }
-        let reference = Arc::new(BytePairEncoder::new(ranks).unwrap());
-        let bpe = MergeBpe::from_tiktoken(reference.clone());
+        let list = parse_token_list(file.as_bytes()).unwrap();
+        let reference = BytePairEncoder::new(ranks_of(&list)).unwrap();
+        assert_eq!(reference.ranks().get(&b"bcab"[..]), Some(&262));
+        let bpe = MergeBpe::from_tiktoken(&list).unwrap();
         let mut seed = 5u64;
         for len in 1..300 {
             let piece = random_abc(&mut seed, len);
