@@ -558,6 +558,11 @@ def main() -> None:
         "--with-reference-backend", action="store_true", help='also build with tokenizer_backend="reference" (slow)'
     )
     p.add_argument("--no-reference", action="store_true", help="only the builds: no reference library, no gigatoken")
+    p.add_argument(
+        "--no-reference-library",
+        action="store_true",
+        help="builds and gigatoken only (the reference libraries are slow)",
+    )
     p.add_argument("--smoke", action="store_true", help="~3 MB of the first input file and one run: checks the script")
     p.add_argument("--workdir", default=None, help="scratch folder for the caches (default: a temp folder)")
     p.add_argument("--out", default=None, help="also write the markdown here")
@@ -607,10 +612,9 @@ def main() -> None:
                     if args.with_reference_backend:
                         steps.append(("build_ref", "build", args.threads, "reference"))
                     if not args.no_reference:
-                        steps += [
-                            ("reference", "reference", args.threads, "auto"),
-                            ("gigatoken", "gigatoken", args.threads, "auto"),
-                        ]
+                        if not args.no_reference_library:
+                            steps.append(("reference", "reference", args.threads, "auto"))
+                        steps.append(("gigatoken", "gigatoken", args.threads, "auto"))
                     for key, kind, threads, backend in steps:
                         x = run_child(
                             kind, args, name, inputs, threads=threads, backend=backend, may_fail=kind == "gigatoken"

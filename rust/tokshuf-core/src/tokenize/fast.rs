@@ -10,11 +10,18 @@
 //!   the reference engines' character classes, and ASCII fast paths.
 //! - A per-thread memo of pre-token -> ids (`piece_cache.rs`, bounded; short pieces need no
 //!   allocation): most pre-tokens are merged once per thread.
-//! - Little fixed cost per build (0.1-0.2 s to load a tokenizer), which matters below a
-//!   few GB: the class table is read from regex-syntax rather than scanned, and nothing on
-//!   the build path imports NumPy (whose OpenBLAS threads spin at import).
+//! - Lookups that do not wait on memory: the memo and the tables behind it are far larger
+//!   than the CPU caches, so each piece is looked up a few pieces after the scanner found
+//!   it, its cache lines requested when it was found (`piece_cache::Lookahead`), and the
+//!   tables read one line per lookup (`token_table.rs`, `pair_table.rs`).
+//! - Little fixed cost per build, which matters below a few GB: the class table is read
+//!   from regex-syntax rather than scanned, tiktoken ranks are parsed into one buffer and
+//!   the reference merge is only built if used, and nothing on the build path imports
+//!   NumPy (whose OpenBLAS threads spin at import).
 //! - Merging (on memo misses only) on integer pairs (`hfbpe.rs`), tiktoken's ranks turned
-//!   into a merge list; O(n log n) on long pieces.
+//!   into a merge list; a piece that is a token of its own is found in one lookup (for
+//!   tokenizer.json files without `ignore_merges`, the short tokens whose own merge ends in
+//!   them); O(n log n) on long pieces.
 //! - NFC only where a character could change: a byte scan, then a per-character table.
 //!
 //! HOW IT STAYS EXACT
