@@ -13,7 +13,8 @@ median of ``--runs`` runs, each measurement in its own process:
 - ``--scaling`` (default when ``--threads`` > 1; ``--no-scaling`` skips it): the same build
   with 1 thread, and the 1 -> N speed-up.
 - ``--with-reference-backend``: the same build with ``tokenizer_backend="reference"``.
-- Baselines (``--no-reference`` skips them), with ``RAYON_NUM_THREADS`` set to ``--threads``:
+- Baselines (``--no-reference`` skips them, ``--no-reference-library`` only the slow reference
+  libraries), with ``RAYON_NUM_THREADS`` set to ``--threads``:
   ``reference``: the Python reference library on the same documents, already in memory,
   timing only the encode calls: HF ``tokenizers`` ``encode_batch_fast(add_special_tokens=False)``
   with ``encode_special_tokens = True`` for NeoX, tiktoken ``encode_ordinary_batch(num_threads=N)``
