@@ -16,9 +16,12 @@ pub mod bpe;
 mod encoder;
 pub mod fast;
 pub mod hfbpe;
+mod pair_table;
 pub mod piece_cache;
+mod prefetch;
 pub mod pretok;
 mod tiktoken;
+mod token_table;
 mod tokenizer_json;
 
 pub use encoder::Encoder;
