@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import List, Optional, Tuple
 
 import pytest
-
 import tokshuf
 
 ROOT = Path(__file__).resolve().parent.parent
