@@ -16,21 +16,19 @@ yields as its batch ``b``, for every ``R`` (that is :func:`map_dataset`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, List, Literal, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Union
 
 import numpy as np
 
 from ._blend import Blend
 from ._cache import Cache, PathLike
-from ._reader import Reader
+from ._reader import IdDtype, Reader
 from .exceptions import ConfigError
 
 if TYPE_CHECKING:
     import grain
 
 __all__ = ["DataSource", "map_dataset"]
-
-IdDtype = Literal["int32", "int64", "uint16", "uint32"]
 
 
 class DataSource:

@@ -31,10 +31,11 @@ __all__ = ["ReaderDataset"]
 class ReaderDataset(IterableDataset):  # type: ignore[type-arg,misc]
     """An ``IterableDataset`` over a :class:`tokshuf.Reader`'s batches.
 
-    ``reader`` fixes the cache, rank, world size and options; its position when the dataset is
-    made (or loaded with :meth:`load_state_dict`) is where iteration starts. ``steps`` limits
-    the number of batches (None: endless, or to the end of a single pass). ``shift=True``
-    yields ``(inputs, targets)`` shifted by one token.
+    Args:
+        reader: fixes the cache, rank, world size and options; its position when the dataset
+            is made (or loaded with :meth:`load_state_dict`) is where iteration starts.
+        steps: the number of batches to yield (None: endless, or to the end of a single pass).
+        shift: yield ``(inputs, targets)`` shifted by one token instead of whole batches.
     """
 
     def __init__(self, reader: Reader, *, steps: Optional[int] = None, shift: bool = False) -> None:
