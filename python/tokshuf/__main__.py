@@ -24,6 +24,16 @@ def _parse_size(text: str) -> int:
     return n
 
 
+def _parse_bins(text: str) -> List[int]:
+    """Bin bounds: 256,512,1024,2049."""
+    try:
+        return [int(b) for b in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of integers (e.g. 512,1024,2049)"
+        ) from None
+
+
 def _add_build(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from ._build import DEFAULT_TOKENIZER
 
@@ -105,13 +115,27 @@ def _add_build(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument(
         "--packing",
-        choices=["concat", "bestfit"],
+        choices=["concat", "bestfit", "none"],
         default="concat",
         help="concat: documents run together, cut every seqlen ids (default); bestfit: documents "
-        "placed whole into padded contexts (only those longer than seqlen are split)",
+        "placed whole into padded contexts (only those longer than seqlen are split); none: every "
+        "document is an example of its own length, stored in length bins",
     )
     p.add_argument(
         "--pack-window", type=int, default=None, help="documents per best-fit window (bestfit only; default 1024)"
+    )
+    p.add_argument(
+        "--bins",
+        type=_parse_bins,
+        default=None,
+        metavar="B1,B2,...",
+        help="packing none: the length bins' upper bounds, ascending, the last one seqlen",
+    )
+    p.add_argument(
+        "--bin-size",
+        type=int,
+        default=None,
+        help="packing none: equal-width length bins of this many ids (default: seqlen / 16, rounded up)",
     )
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     p.add_argument(
@@ -161,6 +185,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
         tokenizer_backend=args.tokenizer_backend,
         packing=args.packing,
         pack_window=args.pack_window,
+        bins=args.bins,
+        bin_size=args.bin_size,
         engine=args.engine,
         ray_address=args.ray_address,
     )

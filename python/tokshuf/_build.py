@@ -6,7 +6,7 @@ import json
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, Literal, Optional, Union
+from typing import Any, Dict, Iterable, Literal, Optional, Sequence, Union
 
 from . import _core
 from ._inputs import PathLike, expand_inputs
@@ -19,7 +19,7 @@ MemberFormat = Literal["npy", "json.gz"]
 Tail = Literal["stitch", "pad", "drop"]
 ErrorPolicy = Literal["raise", "skip"]
 TokenizerBackend = Literal["auto", "fast", "reference"]
-Packing = Literal["concat", "bestfit"]
+Packing = Literal["concat", "bestfit", "none"]
 Engine = Literal["local", "ray"]
 
 
@@ -52,6 +52,11 @@ class BuildStats:
             f"  time        {self.seconds:.2f} s on {build.get('threads')} threads, "
             f"{self.mb_per_s:.1f} MB/s of text, {self.num_tokens / max(self.seconds, 1e-9) / 1e6:.2f} Mtok/s",
         ]
+        if m.get("bins"):  # unpacked: examples of their own lengths, by bin
+            lines[3] = (
+                f"  tokens      {self.num_tokens:,} in {self.num_contexts:,} examples of 1..{m['seqlen']} ids, "
+                f"in {len(m['bins'])} length bins (no padding)"
+            )
         pack = m.get("packing_stats")
         if pack:
             lines.append(
@@ -96,6 +101,8 @@ def build_cache(
     tokenizer_backend: TokenizerBackend = "auto",
     packing: Packing = "concat",
     pack_window: Optional[int] = None,
+    bins: Optional[Sequence[int]] = None,
+    bin_size: Optional[int] = None,
     engine: Engine = "local",
     ray_address: Optional[str] = None,
 ) -> BuildStats:
@@ -149,10 +156,16 @@ def build_cache(
         tokenizer_backend: ``"auto"`` (tokshuf's fast BPE where it is exact for this
             tokenizer, else the reference), ``"fast"`` (an error where it cannot be used) or
             ``"reference"``; the ids are the same (docs/fast-tokenizer.md).
-        packing: ``"concat"`` (documents run together, cut every ``seqlen`` ids) or
+        packing: ``"concat"`` (documents run together, cut every ``seqlen`` ids),
             ``"bestfit"`` (documents placed whole into padded contexts by best-fit decreasing;
-            only documents longer than ``seqlen`` are split; ``tail`` does not apply).
+            only documents longer than ``seqlen`` are split; ``tail`` does not apply) or
+            ``"none"`` (every document, cut at ``seqlen``, is an example of its own length,
+            stored by length bin in sub-caches ``bin_KK/``; docs/format.md §4.2).
         pack_window: documents considered together by ``"bestfit"`` (default 1024).
+        bins: with ``packing="none"``, the bins' upper bounds, increasing, the last being
+            ``seqlen``.
+        bin_size: with ``packing="none"``, equal-width bins of this many ids instead (default
+            ``ceil(seqlen / 16)``).
         engine: ``"local"`` (this machine) or ``"ray"`` (tasks on a Ray cluster,
             ``pip install "tokshuf[ray]"``; docs/distributed.md). The cache is byte-identical
             either way but for tokshuf.json's ``build``.

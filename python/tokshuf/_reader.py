@@ -12,6 +12,7 @@ import numpy as np
 from ._blend import Blend
 from ._boundaries import LAYOUTS, Boundaries, document_boundaries
 from ._cache import Cache, PathLike, _dtype_name
+from ._unpacked import UnpackedCache, is_unpacked, make_batch
 from .exceptions import ConfigError, StateMismatchError
 
 STATE_VERSION = 1
@@ -50,9 +51,19 @@ class Reader:
     blended example ``m`` (docs/format.md §7) takes the place of ``example[m]``: everything below,
     seek and state included, works the same.
 
+    An unpacked cache (``packing="none"``, :class:`tokshuf.UnpackedCache`) yields
+    :class:`tokshuf.UnpackedBatch` tuples ``(tokens, lengths, attention_mask, bin, num_tokens)``:
+    every global batch comes from one length bin, bins drawn in proportion to their example
+    counts by the blend schedule (docs/format.md §4.2); ``tokens`` is padded to the longest
+    example of the global batch (``pad_to="longest"``, the same width on every rank) or to the
+    bin's bound (``pad_to="bin"``). Reading and seeking go by whole batches (an example index
+    must be a multiple of ``batch_size``); ``tokens_seen`` counts the real ids of the global
+    batches read since construction or :meth:`load_state_dict`. ``single_pass``,
+    ``boundaries``, ``follow`` and blends do not apply to unpacked caches.
+
     Args:
-        cache: a :class:`tokshuf.Cache`, a cache path (local or an object-store URL), or a
-            :class:`tokshuf.Blend`.
+        cache: a :class:`tokshuf.Cache`, a cache path (local or an object-store URL), a
+            :class:`tokshuf.Blend`, or an unpacked cache (:class:`tokshuf.UnpackedCache`).
         batch_size: the global batch size ``B``, divisible by ``world_size``.
         rank: this reader's rank, ``0 <= rank < world_size``.
         world_size: the number of ranks reading the global batches.
@@ -83,6 +94,8 @@ class Reader:
             a pair ``(batch, boundaries)``: where each document starts in each context,
             computed from the EOT ids (see :func:`tokshuf.document_boundaries`), for attention
             masks that keep packed documents apart.
+        pad_to: for an unpacked cache, ``"longest"`` (default: the longest example of the
+            global batch) or ``"bin"`` (the bin's bound).
     """
 
     def __init__(
@@ -104,6 +117,7 @@ class Reader:
         follow: bool = False,
         timeout: Optional[float] = None,
         boundaries: Optional[BoundaryLayout] = None,
+        pad_to: Optional[Literal["longest", "bin"]] = None,
     ) -> None:
         if boundaries is not None and boundaries not in LAYOUTS:
             raise ConfigError(f"boundaries={boundaries!r}: expected one of {', '.join(LAYOUTS)} or None")
@@ -124,10 +138,27 @@ class Reader:
         self._dtype = _dtype_name(dtype)
         if follow and isinstance(cache, Blend):
             raise ConfigError("follow=True reads one cache while it is built, not a blend")
-        if isinstance(cache, (Cache, Blend)):
+        if isinstance(cache, (Cache, Blend, UnpackedCache)):
             self._source = cache
+        elif is_unpacked(cache):
+            if follow:
+                raise ConfigError("follow=True does not read unpacked (packing='none') caches: wait for the build")
+            self._source = UnpackedCache(cache)
         else:
             self._source = Cache(cache, follow=bool(follow), timeout=timeout)
+        self._unpacked = isinstance(self._source, UnpackedCache)
+        self._tokens_seen = 0
+        if self._unpacked:
+            for name, given in (("single_pass", self._single_pass), ("boundaries", boundaries is not None)):
+                if given:
+                    raise ConfigError(f"{name} does not apply to an unpacked (packing='none') cache")
+            if pad_to is None:
+                pad_to = "longest"
+            if pad_to not in ("longest", "bin"):
+                raise ConfigError(f"pad_to={pad_to!r}: expected 'longest' or 'bin'")
+        elif pad_to is not None:
+            raise ConfigError("pad_to is an option of unpacked (packing='none') caches")
+        self._pad_to = pad_to
         if isinstance(self._source, Blend):
             if seed is not None and seed != self._source.seed:
                 raise ConfigError(
@@ -148,6 +179,17 @@ class Reader:
         self.seek(step=start_step)
 
     def _make_core(self) -> Any:
+        if isinstance(self._source, UnpackedCache):
+            return self._source._make_unpacked_core(
+                self._batch_size,
+                self._rank,
+                self._world_size,
+                self._ideal_readers,
+                self._seed,
+                self._reshuffle,
+                self._dtype,
+                self._pad_to or "longest",
+            )
         return self._source._make_reader_core(
             self._batch_size,
             self._rank,
@@ -162,7 +204,13 @@ class Reader:
 
     # ---- options --------------------------------------------------------------------------
     @property
-    def cache(self) -> Union[Cache, Blend]:
+    def tokens_seen(self) -> int:
+        """Unpacked caches: real ids of the global batches read since construction or
+        :meth:`load_state_dict` (0 for packed caches, where it is ``step * batch_size * seqlen``)."""
+        return self._tokens_seen
+
+    @property
+    def cache(self) -> Union[Cache, Blend, UnpackedCache]:
         """The cache or blend read."""
         return self._source
 
@@ -236,7 +284,14 @@ class Reader:
 
     def __next__(self) -> Any:
         batch = self._next_batch()
+        if self._unpacked:
+            b = make_batch(batch)
+            self._tokens_seen += b.num_tokens
+            return b
         return batch if self._boundaries is None else (batch, self.boundaries_of(batch))
+
+    def _wrap(self, raw: Any) -> Any:
+        return make_batch(raw) if self._unpacked else raw
 
     def _next_batch(self) -> np.ndarray:
         if not (self._pf is not None and self._core.end_pending) and not self._has_batch(self._next):
@@ -276,7 +331,7 @@ class Reader:
                 at = first + k * every * self._batch_size
                 if not self._has_batch(at):
                     return
-                yield self._core.batch(at)
+                yield self._wrap(self._core.batch(at))
                 k += 1
             return
         pf = self._core.prefetch(first, self._threads, self._prefetch, every)
@@ -284,16 +339,17 @@ class Reader:
             got = pf.next()
             if got is None:
                 return
-            yield got[1]
+            yield self._wrap(got[1])
             k += 1
 
     def batch_at(self, step: int) -> np.ndarray:
         """This rank's slice of global batch ``step`` (random access; the position is unchanged)."""
         first = _int("step", step, 0) * self._batch_size
-        return self._core.batch(first)
+        return self._wrap(self._core.batch(first))
 
     def locate(self, example: int) -> Tuple[int, int, int]:
-        """(component, chunk, index inside the chunk's tar) of global example ``example``."""
+        """(component, chunk, index inside the chunk's tar) of global example ``example``; for
+        an unpacked cache the component is the length bin."""
         return tuple(self._core.locate(_int("example", example, 0)))  # type: ignore[return-value]
 
     # ---- seek and state -------------------------------------------------------------------
@@ -309,9 +365,16 @@ class Reader:
             first = _int("example", example, 0)
         else:
             t = _int("tokens", tokens, 0)
+            if self._unpacked:
+                raise ConfigError("seek(tokens=...) needs fixed-length contexts: seek an unpacked cache by step")
             if t % self.seqlen:
                 raise ConfigError(f"tokens={t} is not a multiple of seqlen {self.seqlen}")
             first = t // self.seqlen
+        if self._unpacked and first % self._batch_size:
+            raise ConfigError(
+                f"example {first} does not start a batch: batches of an unpacked cache each come from one bin, "
+                f"so seek to a multiple of batch_size {self._batch_size}"
+            )
         if first + self._batch_size > _MAX_EXAMPLE:
             raise ConfigError(f"example {first} is beyond the supported range (2**62)")
         self._next = first
@@ -350,6 +413,7 @@ class Reader:
             "options": self._options(),
             "world_size": self._world_size,
             "rank": self._rank,
+            **({"tokens_seen": self._tokens_seen} if self._unpacked else {}),
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
@@ -371,6 +435,7 @@ class Reader:
         if state.get("fingerprint") != self._fingerprint_with(state["cache"]):
             raise StateMismatchError("state was saved with another order definition (tokshuf version?)")
         self.seek(example=_int("next_example", state.get("next_example"), 0))
+        self._tokens_seen = _int("tokens_seen", state.get("tokens_seen", 0), 0)
 
     # ---- lifetime -------------------------------------------------------------------------
     def _close_prefetch(self) -> None:

@@ -121,6 +121,9 @@ def verify(path: Union[str, os.PathLike[str]], full: bool = False) -> VerifyRepo
     meta = _check_metadata(root, report)
     if meta is None:
         return report
+    if meta.get("packing") == "none":
+        _verify_unpacked(root, meta, full, report)
+        return report
     manifest = _check_manifest(root, meta, report)
     if manifest is None:
         return report
@@ -191,7 +194,10 @@ def _check_metadata(root: Path, report: VerifyReport) -> Optional[Dict[str, Any]
         need_int("bos_id", 0, vocab - 1)
     if meta["dtype"] == "uint16" and vocab > 1 << 16:
         report.problem(f"tokshuf.json: dtype uint16 cannot hold a vocabulary of {vocab}")
-    if meta["num_tokens"] + meta["num_padding_tokens"] != meta["num_contexts"] * meta["seqlen"]:
+    if meta.get("packing") == "none":
+        if meta["num_padding_tokens"] != 0:
+            report.problem(f"tokshuf.json: num_padding_tokens {meta['num_padding_tokens']} in an unpacked cache")
+    elif meta["num_tokens"] + meta["num_padding_tokens"] != meta["num_contexts"] * meta["seqlen"]:
         report.problem(
             f"tokshuf.json: num_tokens {meta['num_tokens']} + num_padding_tokens {meta['num_padding_tokens']} "
             f"!= num_contexts {meta['num_contexts']} x seqlen {meta['seqlen']}"
@@ -283,12 +289,18 @@ def _check_manifest(root: Path, meta: Dict[str, Any], report: VerifyReport) -> O
     return lines if len(report.problems) == bad else None
 
 
-def _check_folder(root: Path, manifest: List[Dict[str, Any]], report: VerifyReport) -> None:
+def _check_folder(
+    root: Path, manifest: List[Dict[str, Any]], report: VerifyReport, sidecars: bool = False, where: str = ""
+) -> None:
     known = {"tokshuf.json", "manifest.jsonl"} | {m["shard"] + ".tar" for m in manifest}
+    if sidecars:
+        known = (known - {"tokshuf.json"}) | {m["shard"] + ".idx" for m in manifest}
     extra = sorted(n for n in os.listdir(root) if n not in known)
     if extra:
         shown = ", ".join(extra[:5]) + (", ..." if len(extra) > 5 else "")
-        report.warnings.append(f"{len(extra)} other entr{'ies' if len(extra) != 1 else 'y'} in the folder: {shown}")
+        report.warnings.append(
+            f"{where}{len(extra)} other entr{'ies' if len(extra) != 1 else 'y'} in the folder: {shown}"
+        )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -539,3 +551,138 @@ def _check_json_shard(f, name: str, size: int, meta: Dict[str, Any], k: int, n: 
         report.problem(f"{name}: does not end with exactly two zero blocks after member {n - 1}")
         return False
     return True
+
+
+# ------------------------------------------------------------------------------------------------
+# Unpacked caches (packing "none"): bin_KK/ sub-caches of members of their own lengths, each
+# shard with a .idx sidecar of member offsets (docs/format.md §4.2).
+
+
+def _verify_unpacked(root: Path, meta: Dict[str, Any], full: bool, report: VerifyReport) -> None:
+    bins = meta.get("bins")
+    keys = ("max_len", "num_chunks", "num_examples", "num_tokens")
+    if not (
+        isinstance(bins, list)
+        and 1 <= len(bins) <= 100
+        and all(isinstance(b, dict) and all(_is_int(b.get(x)) and b[x] >= 0 for x in keys) for b in bins)
+    ):
+        report.problem(
+            "tokshuf.json: bins is not a list of 1 to 100 objects with max_len, num_chunks, num_examples, num_tokens"
+        )
+        return
+    bounds = [b["max_len"] for b in bins]
+    if bounds[0] < 1 or any(a >= b for a, b in zip(bounds, bounds[1:])) or bounds[-1] != meta["seqlen"]:
+        report.problem(f"tokshuf.json: bin bounds {bounds} are not increasing up to seqlen {meta['seqlen']}")
+        return
+    for key, total in (("num_chunks", "num_chunks"), ("num_examples", "num_contexts"), ("num_tokens", "num_tokens")):
+        got = sum(b[key] for b in bins)
+        if got != meta[total]:
+            report.problem(f"tokshuf.json: the bins' {key} add up to {got}, {total} is {meta[total]}")
+    names = {f"bin_{k:02d}" for k in range(len(bins))}
+    extra = sorted(n for n in os.listdir(root) if n not in names | {"tokshuf.json"})
+    if extra:
+        report.warnings.append(f"{len(extra)} other entries in the folder: {', '.join(extra[:5])}")
+    for k, b in enumerate(bins):
+        where = f"bin_{k:02d}/"
+        sub = root / f"bin_{k:02d}"
+        if not sub.is_dir():
+            report.problem(f"{where}: missing")
+            continue
+        bin_meta = dict(meta, seqlen=b["max_len"], num_chunks=b["num_chunks"], num_contexts=b["num_examples"])
+        bin_meta.update(num_tokens=b["num_tokens"], chunk_sizes=None)
+        own = VerifyReport(path=str(sub), full=full)
+        manifest = _check_manifest(sub, bin_meta, own)
+        if manifest is not None:
+            _check_folder(sub, manifest, own, sidecars=True)
+            lo = bounds[k - 1] if k else 0
+            for c, line in enumerate(manifest):
+                _check_ragged_shard(sub, bin_meta, lo, c, line, full, own)
+        for text in own.problems:
+            report.problem(where + text)
+        report.omitted += own.omitted
+        report.warnings.extend(where + w for w in own.warnings)
+        report.num_shards += own.num_shards
+        report.num_contexts += own.num_contexts
+        report.num_bytes += own.num_bytes
+
+
+def _check_ragged_shard(
+    root: Path, meta: Dict[str, Any], lo: int, k: int, line: Dict[str, Any], full: bool, report: VerifyReport
+) -> None:
+    """One shard of a bin: members in order at the offsets its .idx sidecar lists, each a 1-D
+    npy array of lo < length <= the bin's bound, ids below the vocabulary size."""
+    name, n = f"{line['shard']}.tar", line["num_sequences"]
+    hi, dtype, vocab = meta["seqlen"], DTYPES[meta["dtype"]], meta["tokenizer"]["vocab_size"]
+    try:
+        data = (root / name).read_bytes() if (root / name).is_file() else None
+        idx_bytes = (root / f"{line['shard']}.idx").read_bytes()
+    except OSError as e:
+        report.problem(f"{name}: cannot read it or its .idx ({e})")
+        return
+    if data is None:
+        report.problem(f"{name}: missing or not a regular file")
+        return
+    size = len(data)
+    if "bytes" in line and size != line["bytes"]:
+        report.problem(f"{name}: {size} bytes, manifest says {line['bytes']}")
+        return
+    report.num_shards += 1
+    report.num_bytes += size
+    if len(idx_bytes) != 8 * (n + 1):
+        report.problem(f"{line['shard']}.idx: {len(idx_bytes)} bytes, expected {8 * (n + 1)} for {n} members")
+        return
+    offsets = np.frombuffer(idx_bytes, dtype="<u8").tolist()
+    pos, tokens = 0, 0
+    for i in range(n):
+        if offsets[i] != pos:
+            report.problem(f"{line['shard']}.idx: offset {i} is {offsets[i]}, member {i} starts at {pos}")
+            return
+        head = data[pos : pos + TAR_BLOCK]
+        problem = _check_tar_header(head, f"{k:08d}_{i:08d}.npy") if len(head) == TAR_BLOCK else "truncated"
+        if problem:
+            report.problem(f"{name}: member {i}: {problem}")
+            return
+        length = _parse_octal(head[124:136]) or 0
+        body = data[pos + TAR_BLOCK : pos + TAR_BLOCK + -(-length // TAR_BLOCK) * TAR_BLOCK]
+        if len(body) < length:
+            report.problem(f"{name}: member {i}: size {length} runs past the end of the file")
+            return
+        try:
+            f = io.BytesIO(body[:length])
+            if np.lib.format.read_magic(f) != (1, 0):
+                raise ValueError("not NumPy format 1.0")
+            shape, fortran, dt = np.lib.format.read_array_header_1_0(f)
+        except Exception as e:
+            report.problem(f"{name}: member {i}: npy header unreadable ({e})")
+            return
+        ids_at = f.tell()
+        if (
+            len(shape) != 1
+            or fortran
+            or dt != dtype
+            or not lo < shape[0] <= hi
+            or length - ids_at != shape[0] * dtype.itemsize
+        ):
+            report.problem(f"{name}: member {i}: shape {shape} dtype {dt}, expected 1-D {dtype} of {lo + 1}..{hi} ids")
+            return
+        if any(body[length:]):
+            report.problem(f"{name}: member {i}: padding after the ids is not zero")
+            return
+        ids = np.frombuffer(body[ids_at:length], dtype=dtype)
+        if ids.max() >= vocab:
+            report.problem(f"{name}: member {i}: id {int(ids.max())} >= vocab size {vocab}")
+            return
+        tokens += shape[0]
+        pos += TAR_BLOCK + len(body)
+    if offsets[n] != pos:
+        report.problem(f"{line['shard']}.idx: last offset {offsets[n]}, the members end at {pos}")
+        return
+    if data[pos:] != bytes(2 * TAR_BLOCK):
+        report.problem(f"{name}: does not end with exactly two zero blocks after member {n - 1}")
+        return
+    if "num_tokens" in line and line["num_tokens"] != tokens:
+        report.problem(f"{name}: {tokens} ids, manifest says num_tokens {line['num_tokens']}")
+        return
+    report.num_contexts += n
+    if full and "sha256" in line and hashlib.sha256(data).hexdigest() != line["sha256"]:
+        report.problem(f"{name}: sha256 differs from the manifest's")

@@ -11,6 +11,7 @@ mod reader;
 mod status;
 mod steps;
 mod storage;
+mod unpacked;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -141,5 +142,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     fasttok::register(m)?;
     storage::register(m)?;
     steps::register(m)?;
+    unpacked::register(m)?;
     Ok(())
 }

@@ -87,6 +87,8 @@ pub fn build_options(d: Option<&Bound<'_, PyDict>>) -> PyResult<BuildOptions> {
         o.packing = v;
     }
     o.pack_window = get(d, "pack_window", uint)?;
+    o.bins = get(d, "bins", "a list of positive integers")?;
+    o.bin_size = get(d, "bin_size", uint)?;
     for key in d.keys() {
         let key: String = key.extract()?;
         if !KNOWN.contains(&key.as_str()) {
@@ -96,7 +98,7 @@ pub fn build_options(d: Option<&Bound<'_, PyDict>>) -> PyResult<BuildOptions> {
     Ok(o)
 }
 
-const KNOWN: [&str; 25] = [
+const KNOWN: [&str; 27] = [
     "inputs",
     "output",
     "tokenizer",
@@ -122,4 +124,6 @@ const KNOWN: [&str; 25] = [
     "tokenizer_backend",
     "packing",
     "pack_window",
+    "bins",
+    "bin_size",
 ];

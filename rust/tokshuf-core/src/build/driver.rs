@@ -89,6 +89,12 @@ impl Steps {
     /// Load the tokenizer (once per process) and make the recipe; no side effect.
     pub fn open(opts: BuildOptions) -> Result<Steps> {
         opts.validate()?;
+        if opts.packing.is_unpacked() {
+            // Its steps differ after stage 1 (one chunk plan and manifest per bin).
+            return Err(Error::Config(
+                "engine=\"ray\" does not build packing=\"none\" caches yet; build them with the local engine".into(),
+            ));
+        }
         let tok = load_tokenizer(&opts)?;
         let recipe = plan::recipe(&opts, &tok)?;
         let work = resume::work_dir(&opts.output, opts.local_cell_dir.as_deref())?;
@@ -108,7 +114,7 @@ impl Steps {
         (0..self.job.recipe.inputs.len()).filter(|&f| steps::summary(&self.job, f).ok().flatten().is_some()).collect()
     }
     fn summaries(&self) -> Result<Vec<FileSummary>> {
-        let n = self.job.recipe.inputs.len() + (self.job.recipe.tail == format::Tail::Stitch) as usize;
+        let n = self.job.recipe.inputs.len() + self.job.recipe.stitches_tails() as usize;
         (0..n).map(|f| steps::summary(&self.job, f)?.ok_or_else(|| Error::Config(format!("stage 1 left file {f} unfinished")))).collect()
     }
     fn plan_path(&self) -> PathBuf {

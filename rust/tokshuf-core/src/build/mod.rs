@@ -11,6 +11,7 @@
 //! While a build runs, manifest.jsonl holds a prefix of the final manifest (complete lines
 //! only count), and tokshuf.json says how far the build is (`format::Status`).
 
+pub mod binned;
 pub mod cells;
 pub mod driver;
 pub mod input;
@@ -81,6 +82,10 @@ impl Run<'_> {
             cancel: self.cancel.clone(),
         }
     }
+    /// Cell ids stage 2 may hold at once: a quarter of the memory limit, at least two chunks.
+    fn budget_ids(&self, chunk_size: u64) -> u64 {
+        (self.opts.memory_limit() / 4 / 8).max(chunk_size * 2)
+    }
     fn check_cancel(&self) -> Result<()> {
         if self.cancel.load(Ordering::Relaxed) {
             return Err(Error::Interrupted);
@@ -136,14 +141,21 @@ pub fn build(opts: &BuildOptions, cancel: Arc<AtomicBool>) -> Result<Metadata> {
     };
     // A resumed build keeps the metadata it has: a reader following the build must never see
     // it go back (say from "writing", with the chunk plan, to "building").
+    let streams = !run.job.recipe.shuffle && !run.job.recipe.packing.is_unpacked();
     if !out.join(META_NAME).exists() {
-        let mut m = run.metadata(if run.job.recipe.shuffle { Status::Building } else { Status::Streaming });
-        if !run.job.recipe.shuffle {
+        let mut m = run.metadata(if streams { Status::Streaming } else { Status::Building });
+        if streams {
             m.num_chunks_ready = Some(0);
         }
         steps::write_metadata(&out, &m)?;
     }
     testhook::point("start");
+    if run.job.recipe.packing.is_unpacked() {
+        let meta = build_unpacked(&mut run)?;
+        resume::remove_work(&work)?;
+        lock.remove()?;
+        return Ok(meta);
+    }
     let mut manifest = Manifest::open(&out, matches!(start, Start::Fresh))?;
     let (plan, totals) = if run.job.recipe.shuffle {
         build_shuffled(&mut run, &mut manifest)?
@@ -161,6 +173,74 @@ pub fn build(opts: &BuildOptions, cancel: Arc<AtomicBool>) -> Result<Metadata> {
 /// Stage 1 over every file, then the cell plan, then stage 2 in groups of chunks whose cells
 /// fit the memory budget.
 fn build_shuffled(run: &mut Run<'_>, manifest: &mut Manifest) -> Result<(ChunkPlan, Totals)> {
+    let summaries = run_stage1(run)?;
+
+    let t = Instant::now();
+    let plan = ChunkPlan::new(&run.job.recipe, &summaries, run.opts.num_local_cells, &run.pool)?;
+    let totals = plan::totals(&summaries, &run.job.recipe, plan.cells);
+    run.timings.insert("plan_s", t.elapsed().as_secs_f64());
+    run.write_planned(&plan, &totals)?;
+    testhook::point("plan");
+
+    let t = Instant::now();
+    let listed = manifest.lines.len() as u64;
+    run.progress.stage("write", plan.num_chunks());
+    run.progress.advance(listed, 0, 0);
+    let budget_ids = run.budget_ids(plan.chunk_size);
+    let shared = Mutex::new(&mut *manifest);
+    let progress = &run.progress;
+    let on_chunk = |chunk: u64, line: &format::ManifestLine| -> Result<()> {
+        progress.advance(1, line.bytes(), line.num_tokens());
+        let mut m = shared.lock().map_err(|_| Error::Config("internal error: manifest lock poisoned".into()))?;
+        m.add(chunk, line.clone())
+    };
+    for group in plan.groups(listed, budget_ids) {
+        steps::stage2_chunks(&run.job, &plan, &summaries, group, &run.pool, &run.cancel, &on_chunk)?;
+    }
+    run.progress.end();
+    run.timings.insert("write_s", t.elapsed().as_secs_f64());
+    Ok((plan, totals))
+}
+
+/// An unpacked build (`binned`): stage 1, then every bin planned, then each bin's chunks
+/// written and its manifest published, then tokshuf.json.
+fn build_unpacked(run: &mut Run<'_>) -> Result<Metadata> {
+    let summaries = run_stage1(run)?;
+    let t = Instant::now();
+    let plans = binned::plans(&run.job, &summaries, run.opts.num_local_cells, &run.pool)?;
+    let totals = plan::totals(&summaries, &run.job.recipe, None);
+    run.timings.insert("plan_s", t.elapsed().as_secs_f64());
+    let planned = binned::metadata(&run.job, &plans, &summaries, totals.clone(), Status::Writing, run.build_info());
+    steps::write_metadata(&run.job.out, &planned)?;
+    testhook::point("plan");
+
+    let t = Instant::now();
+    run.progress.stage("write", plans.iter().map(ChunkPlan::num_chunks).sum());
+    let progress = &run.progress;
+    let on_chunk = |_: u64, line: &format::ManifestLine| -> Result<()> {
+        progress.advance(1, line.bytes(), line.num_tokens());
+        Ok(())
+    };
+    let mut bytes_out = 0;
+    for (k, plan) in plans.iter().enumerate() {
+        let mut lines = Vec::new();
+        for group in plan.groups(0, run.budget_ids(plan.chunk_size)) {
+            lines.extend(binned::write_chunks(&run.job, k, plan, group, &run.pool, &run.cancel, &on_chunk)?);
+        }
+        binned::finish_bin(&run.job, k, plan, &lines)?;
+        bytes_out += lines.iter().map(|l| l.bytes()).sum::<u64>();
+    }
+    run.progress.end();
+    run.timings.insert("write_s", t.elapsed().as_secs_f64());
+    let mut meta = binned::metadata(&run.job, &plans, &summaries, totals, Status::Complete, run.build_info());
+    meta.bytes_out = Some(bytes_out);
+    steps::write_metadata(&run.job.out, &meta)?;
+    testhook::point("complete");
+    Ok(meta)
+}
+
+/// Stage 1 over every file (those a killed run finished are kept), then the stitched tails.
+fn run_stage1(run: &mut Run<'_>) -> Result<Vec<format::FileSummary>> {
     let t = Instant::now();
     let nfiles = run.nfiles();
     let done = (0..nfiles).filter(|&f| stage1::summary_path(&run.job.work, f).exists()).count();
@@ -177,32 +257,7 @@ fn build_shuffled(run: &mut Run<'_>, manifest: &mut Manifest) -> Result<(ChunkPl
     }
     run.timings.insert("tokenize_s", t.elapsed().as_secs_f64());
     run.check_cancel()?;
-
-    let t = Instant::now();
-    let plan = ChunkPlan::new(&run.job.recipe, &summaries, run.opts.num_local_cells, &run.pool)?;
-    let totals = plan::totals(&summaries, &run.job.recipe, plan.cells);
-    run.timings.insert("plan_s", t.elapsed().as_secs_f64());
-    run.write_planned(&plan, &totals)?;
-    testhook::point("plan");
-
-    let t = Instant::now();
-    let listed = manifest.lines.len() as u64;
-    run.progress.stage("write", plan.num_chunks());
-    run.progress.advance(listed, 0, 0);
-    let budget_ids = (run.opts.memory_limit() / 4 / 8).max(plan.chunk_size * 2);
-    let shared = Mutex::new(&mut *manifest);
-    let progress = &run.progress;
-    let on_chunk = |chunk: u64, line: &format::ManifestLine| -> Result<()> {
-        progress.advance(1, line.bytes(), line.num_tokens());
-        let mut m = shared.lock().map_err(|_| Error::Config("internal error: manifest lock poisoned".into()))?;
-        m.add(chunk, line.clone())
-    };
-    for group in plan.groups(listed, budget_ids) {
-        steps::stage2_chunks(&run.job, &plan, &summaries, group, &run.pool, &run.cancel, &on_chunk)?;
-    }
-    run.progress.end();
-    run.timings.insert("write_s", t.elapsed().as_secs_f64());
-    Ok((plan, totals))
+    Ok(summaries)
 }
 
 fn build_info(threads: usize, timings: &BTreeMap<&str, f64>, t0: Instant) -> Value {

@@ -39,7 +39,14 @@ pub struct BuildOptions {
     pub packing: Packing,
     /// Documents per best-fit window (None: `DEFAULT_PACK_WINDOW`).
     pub pack_window: Option<u64>,
+    /// Unpacked: the length bins' upper bounds (the last must be `seqlen`)...
+    pub bins: Option<Vec<u32>>,
+    /// ... or their width (LDDL's equal-width bins; None with no `bins`: `seqlen / 16`, rounded up).
+    pub bin_size: Option<u32>,
 }
+
+/// Length bins of an unpacked cache at most (sub-caches are named `bin_00` .. `bin_99`).
+pub const MAX_BINS: usize = 100;
 
 /// Documents per best-fit window unless given: bounds the memory of packing one file.
 pub const DEFAULT_PACK_WINDOW: u64 = 1024;
@@ -73,6 +80,8 @@ impl BuildOptions {
             overwrite: false,
             packing: Packing::Concat,
             pack_window: None,
+            bins: None,
+            bin_size: None,
         }
     }
 
@@ -95,14 +104,58 @@ impl BuildOptions {
             return Err(Error::Config("memory_limit must be positive, not 0".into()));
         }
         match (self.packing, self.pack_window) {
-            (Packing::Concat, Some(_)) => return Err(Error::Config("pack_window is an option of packing=\"bestfit\"".into())),
+            (Packing::Concat | Packing::Unpacked, Some(_)) => {
+                return Err(Error::Config("pack_window is an option of packing=\"bestfit\"".into()))
+            }
             (_, Some(0)) => return Err(Error::Config("pack_window must be positive, not 0".into())),
             _ => {}
+        }
+        if !self.packing.is_unpacked() && (self.bins.is_some() || self.bin_size.is_some()) {
+            return Err(Error::Config("bins and bin_size are options of packing=\"none\"".into()));
+        }
+        if self.packing.is_unpacked() {
+            self.bin_bounds()?;
+            if self.format != Format::Npy {
+                return Err(Error::Config("packing=\"none\" writes npy members (format=\"npy\"); json.gz is not supported".into()));
+            }
         }
         if self.inputs.is_empty() {
             return Err(Error::Config("no input files".into()));
         }
         Ok(())
+    }
+
+    /// The length bins' upper bounds of an unpacked build, checked: strictly increasing,
+    /// positive, ending at `seqlen`, at most `MAX_BINS`.
+    pub fn bin_bounds(&self) -> Result<Vec<u32>> {
+        let seqlen = self.seqlen;
+        let bounds = match (&self.bins, self.bin_size) {
+            (Some(_), Some(_)) => return Err(Error::Config("give bins or bin_size, not both".into())),
+            (Some(b), None) => b.clone(),
+            (None, size) => {
+                let size = size.unwrap_or(seqlen.div_ceil(16));
+                if size == 0 {
+                    return Err(Error::Config("bin_size must be positive, not 0".into()));
+                }
+                let n = seqlen.div_ceil(size) as usize;
+                if n > MAX_BINS {
+                    return Err(Error::Config(format!(
+                        "bin_size {size} makes {n} bins of seqlen {seqlen}; at most {MAX_BINS} are allowed"
+                    )));
+                }
+                (1..=n as u32).map(|k| (k * size).min(seqlen)).collect()
+            }
+        };
+        if bounds.is_empty() || bounds.len() > MAX_BINS {
+            return Err(Error::Config(format!("bins must list 1 to {MAX_BINS} bounds, not {}", bounds.len())));
+        }
+        if bounds[0] == 0 || bounds.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(Error::Config(format!("bins must be positive and strictly increasing, not {bounds:?}")));
+        }
+        if bounds.last() != Some(&seqlen) {
+            return Err(Error::Config(format!("the last bin must end at seqlen {seqlen} (bins={bounds:?})")));
+        }
+        Ok(bounds)
     }
 
     pub fn threads(&self) -> usize {

@@ -11,7 +11,7 @@ use super::cells::{self, DEFAULT_CELL_CONTEXTS, FILE_BITS, POS_BITS};
 use super::stream::{self, Placed};
 use super::BuildOptions;
 use crate::error::{Error, Result};
-use crate::format::{self, Dtype, FileSummary, InputFile, PackingFigures, Recipe, Tail, TokenizerInfo, Totals};
+use crate::format::{self, Dtype, FileSummary, InputFile, Packing, PackingFigures, Recipe, TokenizerInfo, Totals};
 use crate::tokenize::Tokenizer;
 
 /// The recipe of a build: options checked against the tokenizer, inputs listed and sized.
@@ -78,7 +78,8 @@ pub fn recipe(opts: &BuildOptions, tok: &Tokenizer) -> Result<Recipe> {
         errors: opts.errors,
         dtype: if tok.vocab_size <= 1 << 16 { Dtype::Uint16 } else { Dtype::Uint32 },
         packing: opts.packing,
-        pack_window: (!opts.packing.is_concat()).then(|| opts.pack_window.unwrap_or(super::options::DEFAULT_PACK_WINDOW)),
+        pack_window: (opts.packing == Packing::Bestfit).then(|| opts.pack_window.unwrap_or(super::options::DEFAULT_PACK_WINDOW)),
+        bins: opts.packing.is_unpacked().then(|| opts.bin_bounds()).transpose()?,
     })
 }
 
@@ -110,7 +111,7 @@ impl ChunkPlan {
             let cell_sizes = cells::cell_sizes(pool, recipe.seed, &counts, cells);
             Ok(ChunkPlan { counts, chunk_size: cs, cells: Some(cells), cell_sizes, placed: Vec::new() })
         } else {
-            let stitched = recipe.tail == Tail::Stitch;
+            let stitched = recipe.stitches_tails();
             let files = &counts[..counts.len() - stitched as usize];
             let tail = stitched.then(|| counts[counts.len() - 1]);
             let placed = stream::plan(files, tail, cs).iter().map(|p| (p.file, p.start, p.len)).collect();
@@ -141,6 +142,23 @@ impl ChunkPlan {
     /// Streaming builds: chunk `k`'s place.
     pub fn placed(&self, k: u64) -> Option<Placed> {
         self.placed.get(k as usize).map(|&(file, start, len)| Placed { chunk: k, file, start, len })
+    }
+
+    /// The ids of the contexts of chunks `chunks`, in order (a shuffled build's from its cells).
+    pub fn ids(&self, seed: u64, chunks: std::ops::Range<u64>, pool: &ThreadPool) -> Vec<u64> {
+        let Some(ncells) = self.cells else {
+            return chunks
+                .filter_map(|k| self.placed(k))
+                .flat_map(|p| (p.start..p.start + p.len).map(move |i| cells::pack(p.file, i)))
+                .collect();
+        };
+        let cs = self.chunk_size;
+        let (c0, c1, skip) = self.cells_of(chunks.start, chunks.end);
+        let mut ids = cells::shuffled_cells(pool, seed, &self.counts, ncells, c0, c1, &self.cell_sizes[c0 as usize..c1 as usize]);
+        let end = (chunks.end * cs).min(self.num_contexts()) - chunks.start * cs;
+        ids.truncate((skip + end) as usize);
+        ids.drain(..skip as usize);
+        ids
     }
 
     /// Shuffled builds: the cells that chunks `k0..k1` span, and the position of chunk k0's
@@ -209,7 +227,7 @@ pub fn totals(summaries: &[FileSummary], recipe: &Recipe, cells: Option<u64>) ->
             e.extend(v.iter().take(5usize.saturating_sub(e.len())).cloned());
         }
     }
-    let stitched = recipe.tail == Tail::Stitch;
+    let stitched = recipe.stitches_tails();
     let real = &summaries[..summaries.len() - stitched as usize];
     Totals {
         num_local_cells: cells,

@@ -24,7 +24,7 @@ use rayon::ThreadPool;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::cells::{self, pack};
+use super::cells::pack;
 use super::manifest::manifest_text;
 use super::plan::{self, ChunkPlan};
 use super::shard::{write_shard, ShardSpec};
@@ -32,7 +32,7 @@ use super::spills::Spills;
 use super::stage1::{self, Schedule, Stage1Config};
 use super::BuildOptions;
 use crate::error::{Error, Result};
-use crate::format::{self, FileSummary, ManifestLine, Metadata, Recipe, Status, Tail, Totals, MANIFEST_NAME, META_NAME};
+use crate::format::{self, FileSummary, ManifestLine, Metadata, Recipe, Status, Totals, MANIFEST_NAME, META_NAME};
 use crate::testhook;
 use crate::tokenize::Tokenizer;
 
@@ -77,6 +77,7 @@ pub fn stage1_config(recipe: &Recipe, tok: &Tokenizer) -> Arc<Stage1Config> {
         tail: recipe.tail,
         errors: recipe.errors,
         pack_window: recipe.pack_window.map(|w| w as usize),
+        bins: recipe.bins.clone(),
     })
 }
 
@@ -115,7 +116,7 @@ pub fn stage1_files(
 /// Step 3: with tail "stitch", window the tails of all files (`summaries`, in file order) as
 /// one more file. None for the other tail policies.
 pub fn stitch(job: &Job, cfg: &Stage1Config, summaries: &[FileSummary]) -> Result<Option<FileSummary>> {
-    if job.recipe.tail != Tail::Stitch {
+    if !job.recipe.stitches_tails() {
         return Ok(None);
     }
     let n = job.recipe.inputs.len();
@@ -146,12 +147,8 @@ pub fn stage2_chunks(
     let spec = job.shard_spec(cancel.clone());
     let cs = plan.chunk_size;
     let lines = match plan.cells {
-        Some(ncells) => {
-            let (c0, c1, skip) = plan.cells_of(chunks.start, chunks.end);
-            let ids =
-                cells::shuffled_cells(pool, job.recipe.seed, &plan.counts, ncells, c0, c1, &plan.cell_sizes[c0 as usize..c1 as usize]);
-            let end = (chunks.end * cs).min(plan.num_contexts()) - chunks.start * cs;
-            let ids = &ids[skip as usize..(skip + end) as usize];
+        Some(_) => {
+            let ids = &plan.ids(job.recipe.seed, chunks.clone(), pool);
             let padded: HashMap<u64, u32> =
                 summaries.iter().enumerate().flat_map(|(f, s)| s.padded.iter().map(move |&(p, n)| (pack(f, p), n))).collect();
             let spills = Spills::open(&job.work, plan.counts.len(), spec.context_bytes())?;

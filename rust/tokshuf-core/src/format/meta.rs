@@ -26,11 +26,17 @@ pub enum Packing {
     Concat,
     /// Best-fit decreasing over a window of documents: no document that fits is split.
     Bestfit,
+    /// Every document (cut at `seqlen`) is an example of its own length, in length bins.
+    #[serde(rename = "none")]
+    Unpacked,
 }
 
 impl Packing {
     pub fn is_concat(&self) -> bool {
         *self == Packing::Concat
+    }
+    pub fn is_unpacked(&self) -> bool {
+        *self == Packing::Unpacked
     }
 }
 
@@ -105,6 +111,9 @@ pub struct Recipe {
     /// Documents per best-fit window (bestfit only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pack_window: Option<u64>,
+    /// Unpacked caches: the length bins' upper bounds, ascending, the last one `seqlen`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bins: Option<Vec<u32>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -116,6 +125,11 @@ pub struct TokenizerInfo {
 }
 
 impl Recipe {
+    /// Whether stage 1 leaves tails to stitch into one more file (concat with tail "stitch";
+    /// best fit stitches an empty one, unpacked builds have no tails at all).
+    pub fn stitches_tails(&self) -> bool {
+        self.tail == Tail::Stitch && !self.packing.is_unpacked()
+    }
     /// Names of the fields that differ, for an error that says what changed.
     pub fn differences(&self, other: &Recipe) -> Vec<String> {
         let a = serde_json::to_value(self).unwrap_or_default();
@@ -162,6 +176,11 @@ pub struct FileSummary {
     pub documents_split: u64,
     #[serde(default)]
     pub concat_documents_split: u64,
+    /// Unpacked builds: examples and real tokens of this file in each length bin.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bin_examples: Vec<u64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bin_tokens: Vec<u64>,
 }
 
 /// How far a build is. It only ever moves forward: building (shuffled) or streaming
@@ -276,6 +295,9 @@ pub struct Metadata {
     #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
     pub totals: Option<Totals>,
     /// Chunks written so far while a streaming build runs.
+    /// Unpacked caches: one entry per length bin (sub-cache `bin_KK/`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bins: Option<Vec<BinInfo>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub num_chunks_ready: Option<u64>,
     /// Bytes of all shards (complete caches).
@@ -285,6 +307,17 @@ pub struct Metadata {
     /// that is not a pure function of its recipe.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub build: Option<Value>,
+}
+
+/// One length bin of an unpacked cache, as tokshuf.json records it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BinInfo {
+    /// Longest example of the bin; the shortest is one more than the previous bin's bound.
+    pub max_len: u64,
+    pub num_chunks: u64,
+    pub num_examples: u64,
+    /// Real ids of its examples (there is no padding in an unpacked cache).
+    pub num_tokens: u64,
 }
 
 fn yes() -> bool {
@@ -319,6 +352,7 @@ impl Metadata {
             num_contexts: None,
             chunk_sizes: None,
             totals: None,
+            bins: None,
             num_chunks_ready: None,
             bytes_out: None,
             build: Some(build),
@@ -384,6 +418,6 @@ impl std::str::FromStr for ErrorPolicy {
 impl std::str::FromStr for Packing {
     type Err = crate::error::Error;
     fn from_str(s: &str) -> crate::error::Result<Self> {
-        choose("packing", s, &[("concat", Packing::Concat), ("bestfit", Packing::Bestfit)])
+        choose("packing", s, &[("concat", Packing::Concat), ("bestfit", Packing::Bestfit), ("none", Packing::Unpacked)])
     }
 }

@@ -20,7 +20,9 @@ pub use super::members::Id;
 use super::members::{header_name_is, index_json_gz, parse_id_list};
 use super::order::{cache_source, OrderOptions, Source};
 use super::per_process::PerProcess;
-pub use super::validate::{check_shard, parse_manifest, parse_manifest_all, read_meta, recipe_fingerprint, CacheMeta, ChunkEntry};
+pub use super::validate::{
+    check_shard, check_shards_of, parse_manifest, parse_manifest_all, read_meta, recipe_fingerprint, CacheMeta, ChunkEntry,
+};
 use super::validate::{check_shards, check_size};
 use crate::error::{Error, Result};
 use crate::format::{self, shard_path, Dtype, Format, MANIFEST_NAME, META_NAME};
@@ -33,6 +35,8 @@ enum Mapped {
     Npy(Mmap),
     /// Data range of each member.
     JsonGz(Mmap, Vec<(usize, usize)>),
+    /// Members of their own lengths (an unpacked cache's bin), and the shard's `.idx` sidecar.
+    Ragged(Mmap, Vec<u8>),
 }
 
 #[derive(Default)]
@@ -152,7 +156,7 @@ impl Cache {
         Cache {
             root: root.to_path_buf(),
             npy_header: format::npy_header(meta.dtype, meta.seqlen),
-            stride: format::npy_stride(meta.dtype, meta.seqlen),
+            stride: if meta.ragged { super::validate::RAGGED } else { format::npy_stride(meta.dtype, meta.seqlen) },
             meta,
             chunks,
             cumulative,
@@ -331,6 +335,13 @@ impl Cache {
             return Err(Error::corrupt(&path, "shard changed while being mapped"));
         }
         match self.meta.format {
+            Format::Npy if self.meta.ragged => {
+                check_size(&path, entry, len, Format::Npy, self.stride)?;
+                let ipath = format::idx::idx_path(&self.root, c);
+                let idx = std::fs::read(&ipath).map_err(|e| Error::corrupt(&ipath, format!("cannot read the shard's index: {e}")))?;
+                format::idx::check(&ipath, &idx, entry.size, len)?;
+                Ok(Mapped::Ragged(mmap, idx))
+            }
             Format::Npy => {
                 check_size(&path, entry, len, Format::Npy, self.stride)?;
                 for i in [0, entry.size - 1] {
@@ -355,10 +366,78 @@ impl Cache {
         }
     }
 
+    /// Member `index` of a ragged chunk: its ids' bytes and their number, checked against the
+    /// member's tar and npy headers.
+    fn ragged_member<'m>(&self, mmap: &'m [u8], idx: &[u8], c: u64, index: u64) -> Result<(&'m [u8], usize)> {
+        let path = || shard_path(&self.root, c);
+        let name = format::member_name(c, index, Format::Npy);
+        let (start, end) = (format::idx::offset(idx, index) as usize, format::idx::offset(idx, index + 1) as usize);
+        let header = &mmap[start..start + format::TAR_BLOCK as usize];
+        if !header_name_is(header, &name) {
+            return Err(Error::corrupt(path(), format!("member {index} is not named {name:?} where the index says")));
+        }
+        let size = super::members::member_size(header).ok_or_else(|| Error::corrupt(path(), format!("member {name}: unreadable size")))?;
+        let data_at = start + format::TAR_BLOCK as usize;
+        let data = mmap.get(data_at..data_at + size).filter(|_| data_at + size <= end);
+        let data = data.ok_or_else(|| Error::corrupt(path(), format!("member {name}: size {size} runs past the next member")))?;
+        let dsize = self.meta.dtype.size();
+        let hlen = if data.len() >= 10 && data.starts_with(b"\x93NUMPY\x01\x00") {
+            10 + u16::from_le_bytes([data[8], data[9]]) as usize
+        } else {
+            usize::MAX
+        };
+        let len = (size.saturating_sub(hlen)) / dsize;
+        if hlen > size
+            || (size - hlen) % dsize != 0
+            || len as u64 > self.meta.seqlen
+            || data[..hlen] != npy_header_of(self.meta.dtype, len)[..]
+        {
+            return Err(Error::corrupt(
+                path(),
+                format!("member {name}: not a 1-D npy array of at most {} ids of the cache's dtype", self.meta.seqlen),
+            ));
+        }
+        Ok((&data[hlen..], len))
+    }
+
+    /// Number of ids of example `index` of chunk `c` (a ragged cache; else `seqlen`).
+    pub fn example_len(&self, c: u64, index: u64) -> Result<usize> {
+        if !self.meta.ragged {
+            return Ok(self.seqlen());
+        }
+        match &*self.mapped(c)? {
+            Mapped::Ragged(mmap, idx) => self.ragged_member(mmap, idx, c, index).map(|m| m.1),
+            _ => Ok(self.seqlen()),
+        }
+    }
+
+    /// Read example `index` of ragged chunk `c` into the start of `out` (at least as long as
+    /// the example); returns its length.
+    pub fn read_ragged<T: Id>(&self, c: u64, index: u64, out: &mut [T]) -> Result<usize> {
+        let m = self.mapped(c)?;
+        let Mapped::Ragged(mmap, idx) = &*m else {
+            return Err(Error::Config("internal error: read_ragged on a cache of fixed-length contexts".into()));
+        };
+        let (data, len) = self.ragged_member(mmap, idx, c, index)?;
+        if len > out.len() {
+            return Err(Error::Config(format!("internal error: example of {len} ids in a row of {}", out.len())));
+        }
+        decode_into(self.meta.dtype, data, &mut out[..len]);
+        Ok(len)
+    }
+
     fn read_mapped<T: Id>(&self, mapped: &Mapped, c: u64, index: u64, out: &mut [T]) -> Result<()> {
         let seqlen = self.seqlen();
         debug_assert_eq!(out.len(), seqlen);
         match mapped {
+            Mapped::Ragged(mmap, idx) => {
+                // Random access by global index (`Cache.get`): the example, padded to the row.
+                let (data, len) = self.ragged_member(mmap, idx, c, index)?;
+                decode_into(self.meta.dtype, data, &mut out[..len]);
+                let pad = self.meta.raw.get("pad_id").and_then(serde_json::Value::as_u64).unwrap_or(0) as u32;
+                out[len..].fill(T::from_id(pad));
+                Ok(())
+            }
             Mapped::Npy(mmap) => {
                 let at = (index * self.stride + format::TAR_BLOCK) as usize + self.npy_header.len();
                 match self.meta.dtype {
@@ -395,7 +474,30 @@ impl Cache {
             }
         }
     }
+}
 
+/// The npy header of a member of `len` ids.
+fn npy_header_of(dtype: Dtype, len: usize) -> Vec<u8> {
+    format::npy_header(dtype, len as u64)
+}
+
+/// Decode little-endian ids of `dtype` from `src` into `out` (as many as `out` holds).
+fn decode_into<T: Id>(dtype: Dtype, src: &[u8], out: &mut [T]) {
+    match dtype {
+        Dtype::Uint16 => {
+            for (o, b) in out.iter_mut().zip(src.chunks_exact(2)) {
+                *o = T::from_id(u16::from_le_bytes([b[0], b[1]]) as u32);
+            }
+        }
+        Dtype::Uint32 => {
+            for (o, b) in out.iter_mut().zip(src.chunks_exact(4)) {
+                *o = T::from_id(u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+            }
+        }
+    }
+}
+
+impl Cache {
     /// Read many (chunk, index) pairs into `out` (len = pairs * seqlen), reusing mappings.
     pub fn read_many<T: Id>(&self, locs: impl Iterator<Item = (u64, u64)>, out: &mut [T]) -> Result<()> {
         let seqlen = self.seqlen();

@@ -57,6 +57,11 @@ fn parse_octal(field: &[u8]) -> Option<u64> {
     (digits > 0).then_some(v)
 }
 
+/// The data size in a tar member header.
+pub(super) fn member_size(header: &[u8]) -> Option<usize> {
+    parse_octal(&header[124..136]).map(|s| s as usize)
+}
+
 /// Offsets of the data of each member of a json.gz shard, checking names, types, checksums and
 /// that exactly `n` members are followed by the end-of-archive blocks.
 pub(super) fn index_json_gz(path: &Path, data: &[u8], chunk: u64, n: u64) -> Result<Vec<(usize, usize)>> {

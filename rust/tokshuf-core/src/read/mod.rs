@@ -9,4 +9,5 @@ pub mod order;
 pub(crate) mod per_process;
 pub mod reader;
 pub mod remote;
+pub mod unpacked;
 pub mod validate;

@@ -26,6 +26,9 @@ pub struct CacheMeta {
     pub chunk_sizes: Option<Vec<u64>>,
     pub ideal_readers: Option<u64>,
     pub status: Status,
+    /// Members of their own lengths with `.idx` sidecars (one bin of an unpacked cache);
+    /// `seqlen` is then the longest a member may be.
+    pub ragged: bool,
     /// The whole document, as read.
     pub raw: Value,
 }
@@ -46,8 +49,22 @@ fn field_str<'a>(path: &Path, v: &'a Value, key: &str) -> Result<&'a str> {
     v.get(key).and_then(Value::as_str).ok_or_else(|| Error::corrupt(path, format!("{key:?} missing or not a string")))
 }
 
-/// Read and check tokshuf.json. `complete_only`: refuse a build still running.
+/// Read and check tokshuf.json of a packed cache. `complete_only`: refuse a build still running.
 pub fn read_meta(root: &Path, complete_only: bool) -> Result<CacheMeta> {
+    let m = read_meta_any(root, complete_only)?;
+    if m.raw.get("packing").and_then(Value::as_str) == Some("none") {
+        return Err(Error::Config(format!(
+            "{}: an unpacked (packing=\"none\") cache has no single example order of its own: read it with \
+             tokshuf.Reader (which draws batches by length bin), its bins with tokshuf.UnpackedCache, or each bin_KK/ \
+             folder with WebDataset (follow mode and blends do not take unpacked caches)",
+            root.display()
+        )));
+    }
+    Ok(m)
+}
+
+/// `read_meta` of any cache, an unpacked one included.
+pub fn read_meta_any(root: &Path, complete_only: bool) -> Result<CacheMeta> {
     let path = root.join(META_NAME);
     if !root.is_dir() {
         return Err(Error::io(root, std::io::Error::new(std::io::ErrorKind::NotFound, "no such cache folder")));
@@ -88,7 +105,20 @@ pub fn read_meta(root: &Path, complete_only: bool) -> Result<CacheMeta> {
     if !m.recipe.is_object() {
         return Err(Error::corrupt(&path, "\"recipe\" missing or not an object"));
     }
-    Ok(CacheMeta { seqlen, dtype, format, chunk_size, num_chunks, num_contexts, shuffle, chunk_sizes, ideal_readers, status, raw })
+    Ok(CacheMeta {
+        seqlen,
+        dtype,
+        format,
+        chunk_size,
+        num_chunks,
+        num_contexts,
+        shuffle,
+        chunk_sizes,
+        ideal_readers,
+        status,
+        ragged: false,
+        raw,
+    })
 }
 
 /// Parse manifest lines starting at line number `first` (0-based; follow mode appends).
@@ -166,6 +196,9 @@ pub fn parse_manifest_all(path: &Path, text: &[u8], chunk_size: u64) -> Result<V
     })
 }
 
+/// The stride of members of their own sizes (an unpacked cache's bins), for the size checks.
+pub const RAGGED: u64 = 0;
+
 /// Expected size of an `npy` shard of `n` contexts.
 pub fn npy_shard_bytes(n: u64, stride: u64) -> u64 {
     n * stride + 2 * format::TAR_BLOCK
@@ -190,6 +223,12 @@ pub(super) fn check_size(path: &Path, entry: &ChunkEntry, len: u64, format: Form
         }
     }
     match format {
+        Format::Npy if stride == RAGGED => {
+            let min = (entry.size * 2 + 2) * format::TAR_BLOCK;
+            if len < min || len % format::TAR_BLOCK != 0 {
+                return Err(Error::corrupt(path, format!("size {len} bytes cannot hold {} npy members (truncated?)", entry.size)));
+            }
+        }
         Format::Npy => {
             let want = npy_shard_bytes(entry.size, stride);
             if len != want {
@@ -226,6 +265,20 @@ fn shard_number(name: &std::ffi::OsStr) -> Option<u64> {
     }
     let c: u64 = digits.parse().ok()?;
     (format::shard_stem(c) + ".tar" == name).then_some(c)
+}
+
+/// Check every shard of an unpacked cache's bin in `root` (members of their own sizes) and its
+/// `.idx` sidecar's size.
+pub fn check_shards_of(root: &Path, chunks: &[ChunkEntry]) -> Result<()> {
+    check_shards(root, chunks, Format::Npy, RAGGED)?;
+    for (c, e) in chunks.iter().enumerate() {
+        let path = format::idx::idx_path(root, c as u64);
+        let len = std::fs::metadata(&path).map_err(|err| Error::corrupt(&path, format!("shard index missing or unreadable: {err}")))?.len();
+        if len != format::idx::idx_len(e.size) {
+            return Err(Error::corrupt(&path, format!("{len} bytes, expected {} for {} members", format::idx::idx_len(e.size), e.size)));
+        }
+    }
+    Ok(())
 }
 
 /// Check the size of every shard. One directory listing, then `fstatat` relative to the
