@@ -15,13 +15,6 @@ from .exceptions import ConfigError
 
 DEFAULT_TOKENIZER = "tiktoken:r50k_base"
 
-MemberFormat = Literal["npy", "json.gz"]
-Tail = Literal["stitch", "pad", "drop"]
-ErrorPolicy = Literal["raise", "skip"]
-TokenizerBackend = Literal["auto", "fast", "reference"]
-Packing = Literal["concat", "bestfit", "none"]
-Engine = Literal["local", "ray"]
-
 
 @dataclass(frozen=True)
 class BuildStats:
@@ -86,8 +79,8 @@ def build_cache(
     seed: int = 0,
     threads: Optional[int] = None,
     text_key: str = "text",
-    format: MemberFormat = "npy",
-    tail: Tail = "stitch",
+    format: Literal["npy", "json.gz"] = "npy",
+    tail: Literal["stitch", "pad", "drop"] = "stitch",
     eot_id: Optional[int] = None,
     pad_id: Optional[int] = None,
     bos: bool = False,
@@ -95,15 +88,15 @@ def build_cache(
     allow_special_tokens: bool = False,
     shuffle: bool = True,
     memory_limit: Optional[int] = None,
-    errors: ErrorPolicy = "raise",
+    errors: Literal["raise", "skip"] = "raise",
     progress: bool = True,
     overwrite: bool = False,
-    tokenizer_backend: TokenizerBackend = "auto",
-    packing: Packing = "concat",
+    tokenizer_backend: Literal["auto", "fast", "reference"] = "auto",
+    packing: Literal["concat", "bestfit", "none"] = "concat",
     pack_window: Optional[int] = None,
     bins: Optional[Sequence[int]] = None,
     bin_size: Optional[int] = None,
-    engine: Engine = "local",
+    engine: Literal["local", "ray"] = "local",
     ray_address: Optional[str] = None,
 ) -> BuildStats:
     """Tokenize jsonl corpora into a shuffled WebDataset cache (docs/building.md; the format is

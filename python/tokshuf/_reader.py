@@ -17,8 +17,6 @@ from .exceptions import ConfigError, StateMismatchError
 
 STATE_VERSION = 1
 
-IdDtype = Literal["int32", "int64", "uint16", "uint32"]
-BoundaryLayout = Literal["segment_ids", "position_ids", "cu_seqlens"]
 _MAX_EXAMPLE = 1 << 62
 
 
@@ -113,10 +111,10 @@ class Reader:
         start_step: int = 0,
         prefetch: int = 4,
         threads: Optional[int] = None,
-        dtype: Union[IdDtype, np.dtype, type] = "int32",
+        dtype: Union[Literal["int32", "int64", "uint16", "uint32"], np.dtype, type] = "int32",
         follow: bool = False,
         timeout: Optional[float] = None,
-        boundaries: Optional[BoundaryLayout] = None,
+        boundaries: Optional[Literal["segment_ids", "position_ids", "cu_seqlens"]] = None,
         pad_to: Optional[Literal["longest", "bin"]] = None,
     ) -> None:
         if boundaries is not None and boundaries not in LAYOUTS:
@@ -271,7 +269,9 @@ class Reader:
         end = self._core.end
         return end is None or first < end
 
-    def boundaries_of(self, batch: np.ndarray, layout: Optional[BoundaryLayout] = None) -> Boundaries:
+    def boundaries_of(
+        self, batch: np.ndarray, layout: Optional[Literal["segment_ids", "position_ids", "cu_seqlens"]] = None
+    ) -> Boundaries:
         """Document boundaries of ``batch`` (a batch of this reader) in ``layout`` (default:
         the reader's ``boundaries``), with the cache's EOT and padding ids."""
         layout = layout or self._boundaries or "segment_ids"

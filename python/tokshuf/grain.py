@@ -16,13 +16,13 @@ yields as its batch ``b``, for every ``R`` (that is :func:`map_dataset`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, List, Literal, Optional, Sequence, Union
 
 import numpy as np
 
 from ._blend import Blend
 from ._cache import Cache, PathLike
-from ._reader import IdDtype, Reader
+from ._reader import Reader
 from .exceptions import ConfigError
 
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ class DataSource:
         seed: Optional[int] = None,
         reshuffle: bool = True,
         single_pass: bool = False,
-        dtype: IdDtype = "int32",
+        dtype: Literal["int32", "int64", "uint16", "uint32"] = "int32",
     ) -> None:
         # A reader of batch size 1 on one rank: its batch b is example b, located in O(1).
         self._reader = Reader(
