@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -106,35 +107,46 @@ def world(tmp_path_factory) -> Path:
     return root
 
 
-def run_bash(code: str, cwd: Path, where: str) -> None:
-    scripts = sysconfig.get_path("scripts")
-    env = {**os.environ, "PATH": os.pathsep.join([scripts, str(Path(sys.executable).parent), os.environ["PATH"]])}
-    proc = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, (
-        f"{where} exited {proc.returncode}:\n{code}\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}"
-    )
+# A page's blocks run in order in one fresh interpreter, as a reader would run them (and so that
+# frameworks the pages import, JAX among them, never start inside the test process): python
+# blocks share one namespace, bash blocks run in bash with this interpreter's scripts on PATH.
+RUNNER = """
+import json, subprocess, sys
+namespace = {"__name__": "__docs__"}
+for lang, where, code in json.load(sys.stdin):
+    if lang == "python":
+        exec(compile(code, where, "exec"), namespace)
+        continue
+    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", code], capture_output=True, text=True, timeout=300)
+    if proc.returncode:
+        sys.exit(f"{where} exited {proc.returncode}:\\n{code}\\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}")
+"""
 
 
 @pytest.mark.parametrize("page", [p.name for p in PAGES if any(b.lang in RUNNABLE for b in blocks(p))])
-def test_page_examples_run(page, world, tmp_path, monkeypatch):
+def test_page_examples_run(page, world, tmp_path):
     here = tmp_path / "page"
     shutil.copytree(world, here, copy_function=os.link)  # pages write only new folders
-    monkeypatch.chdir(here)
-    namespace: dict = {"__name__": "__docs__"}
-    missing = []
+    todo, missing = [], []
     for b in blocks(DOCS / page):
         if b.lang not in RUNNABLE or b.skip:
             continue
         absent = [m for m in b.requires if importlib.util.find_spec(m) is None]
         if absent:
             missing.append(f"line {b.line} needs {', '.join(absent)}")
-            continue
-        where = f"docs/{page}:{b.line}"
-        if b.lang == "bash":
-            run_bash(b.code, here, where)
         else:
-            exec(compile(b.code, where, "exec"), namespace)
+            todo.append((b.lang, f"docs/{page}:{b.line}", b.code))
+    scripts = sysconfig.get_path("scripts")
+    env = {**os.environ, "PATH": os.pathsep.join([scripts, str(Path(sys.executable).parent), os.environ["PATH"]])}
+    proc = subprocess.run(
+        [sys.executable, "-c", RUNNER],
+        input=json.dumps(todo),
+        cwd=here,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-5000:]
     if missing:
         pytest.skip(f"{page}: the other blocks ran; {'; '.join(missing)}")
