@@ -1,7 +1,7 @@
 """Type stubs of the compiled module ``tokshuf._core`` (checked by ``mypy.stubtest``)."""
 
 import os
-from typing import Any, List, Optional, Tuple, Union
+from typing import Any, List, Literal, Optional, Tuple, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -72,7 +72,21 @@ class Progress:
 
 @final
 class Tokenizer:
-    def __new__(cls, spec: str, allow_special_tokens: bool = False, backend: str = "auto") -> Tokenizer: ...
+    """A tokenizer exactly as builds use it: ``encode`` gives the ids a build writes.
+
+    Args:
+        spec: ``"tiktoken:r50k_base"``, ``"tiktoken:p50k_base"``, ``"tiktoken:cl100k_base"``,
+            ``"tiktoken:o200k_base"`` (embedded), a ``tokenizer.json`` or a folder holding one,
+            or ``"hf:ORG/NAME"`` from the local Hugging Face cache.
+        allow_special_tokens: encode special-token strings in the text as their control ids
+            (plain ``encode``); by default they are ordinary text.
+        backend: ``"auto"``, ``"fast"`` or ``"reference"`` (see ``build_cache``'s
+            ``tokenizer_backend``).
+    """
+
+    def __new__(
+        cls, spec: str, allow_special_tokens: bool = False, backend: Literal["auto", "fast", "reference"] = "auto"
+    ) -> Tokenizer: ...
     @property
     def spec(self) -> str: ...
     @property

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Any, Dict, Iterator, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, Literal, Optional, Tuple, Union
 
 import numpy as np
 
@@ -16,11 +16,19 @@ from ._unpacked import UnpackedCache, is_unpacked, make_batch
 from .exceptions import ConfigError, StateMismatchError
 
 STATE_VERSION = 1
+
 _MAX_EXAMPLE = 1 << 62
 
 
 def shift_targets(batch: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-    """``(inputs, targets)`` for next-token training: ``batch[:, :-1]`` and ``batch[:, 1:]``."""
+    """Split contexts for next-token training.
+
+    Args:
+        batch: ``(B, seqlen)`` ids.
+
+    Returns:
+        ``(inputs, targets)``: ``batch[:, :-1]`` and ``batch[:, 1:]`` (views, no copy).
+    """
     return batch[:, :-1], batch[:, 1:]
 
 
@@ -41,21 +49,6 @@ class Reader:
     blended example ``m`` (docs/format.md §7) takes the place of ``example[m]``: everything below,
     seek and state included, works the same.
 
-    ``ideal_readers`` is R*, which fixes the order: keep it when the number of GPUs changes.
-    Default: the cache's ``ideal_readers`` key if present, else min(64, number of chunks); for
-    a blend, the smallest of its caches' defaults (the same R* orders every component).
-    ``seed`` (default 0) and ``reshuffle`` choose the chunk and context permutations of epochs
-    >= 1. A blend carries its own seed: leave ``seed`` out (or give the same value).
-    A single pass over a blend lasts until every example of every cache was read once; smaller
-    caches wrap around meanwhile (see :meth:`tokshuf.Blend.single_pass_length`).
-    ``prefetch`` batches are read ahead on ``threads`` background threads, started on the first
-    batch (never at construction) and restarted after a fork.
-
-    ``boundaries`` (``"segment_ids"``, ``"position_ids"`` or ``"cu_seqlens"``) makes every
-    batch a pair ``(batch, boundaries)``: where each document starts in each context, computed
-    from the EOT ids (see :func:`tokshuf.document_boundaries`), for attention masks that keep
-    packed documents apart.
-
     An unpacked cache (``packing="none"``, :class:`tokshuf.UnpackedCache`) yields
     :class:`tokshuf.UnpackedBatch` tuples ``(tokens, lengths, attention_mask, bin, num_tokens)``:
     every global batch comes from one length bin, bins drawn in proportion to their example
@@ -66,11 +59,41 @@ class Reader:
     batches read since construction or :meth:`load_state_dict`. ``single_pass``,
     ``boundaries``, ``follow`` and blends do not apply to unpacked caches.
 
-    ``follow=True`` reads a cache while its build runs (see :class:`tokshuf.Cache`): the
-    batches are exactly those of the finished cache, each waiting until the shards (and, for a
-    ``shuffle=False`` build, the manifest lines or the plan) it needs exist, at most ``timeout``
-    seconds per wait. While the end of a single pass is not known, ``num_examples`` and
-    ``num_steps`` are None. States saved while following load on the finished cache.
+    Args:
+        cache: a :class:`tokshuf.Cache`, a cache path (local or an object-store URL), a
+            :class:`tokshuf.Blend`, or an unpacked cache (:class:`tokshuf.UnpackedCache`).
+        batch_size: the global batch size ``B``, divisible by ``world_size``.
+        rank: this reader's rank, ``0 <= rank < world_size``.
+        world_size: the number of ranks reading the global batches.
+        ideal_readers: R*, which fixes the order: keep it when the number of GPUs changes.
+            Default: the cache's ``ideal_readers`` key if present, else min(64, number of
+            chunks); for a blend, the smallest of its caches' defaults (the same R* orders every
+            component).
+        seed: the seed of the chunk and context permutations of epochs >= 1 (default 0). A
+            blend carries its own seed: leave ``seed`` out (or give the same value).
+        single_pass: read every context once, in manifest order, then stop (evaluation). A
+            single pass over a blend lasts until every example of every cache was read once;
+            smaller caches wrap around meanwhile (:meth:`tokshuf.Blend.single_pass_length`).
+        reshuffle: permute chunks and contexts in epochs >= 1 (default), or repeat epoch 0.
+        drop_last: in a single pass, drop a last batch shorter than ``batch_size``.
+        start_step: the first global batch to read (as :meth:`seek` with ``step``).
+        prefetch: batches read ahead on background threads (0: read on demand). The threads
+            start on the first batch, never at construction, and restart after a fork.
+        threads: read-ahead threads (default: min(4, prefetch, cores)).
+        dtype: the dtype of the batches.
+        follow: read a cache while its build runs (see :class:`tokshuf.Cache`): the batches are
+            exactly those of the finished cache, each waiting until the shards (and, for a
+            ``shuffle=False`` build, the manifest lines or the plan) it needs exist. While the
+            end of a single pass is not known, ``num_examples`` and ``num_steps`` are None.
+            States saved while following load on the finished cache.
+        timeout: with ``follow``, seconds to wait for each missing piece (None: no limit)
+            before :class:`tokshuf.FollowTimeoutError`.
+        boundaries: ``"segment_ids"``, ``"position_ids"`` or ``"cu_seqlens"`` makes every batch
+            a pair ``(batch, boundaries)``: where each document starts in each context,
+            computed from the EOT ids (see :func:`tokshuf.document_boundaries`), for attention
+            masks that keep packed documents apart.
+        pad_to: for an unpacked cache, ``"longest"`` (default: the longest example of the
+            global batch) or ``"bin"`` (the bin's bound).
     """
 
     def __init__(
@@ -88,11 +111,11 @@ class Reader:
         start_step: int = 0,
         prefetch: int = 4,
         threads: Optional[int] = None,
-        dtype: Union[str, np.dtype, type] = "int32",
+        dtype: Union[Literal["int32", "int64", "uint16", "uint32"], np.dtype, type] = "int32",
         follow: bool = False,
         timeout: Optional[float] = None,
-        boundaries: Optional[str] = None,
-        pad_to: Optional[str] = None,
+        boundaries: Optional[Literal["segment_ids", "position_ids", "cu_seqlens"]] = None,
+        pad_to: Optional[Literal["longest", "bin"]] = None,
     ) -> None:
         if boundaries is not None and boundaries not in LAYOUTS:
             raise ConfigError(f"boundaries={boundaries!r}: expected one of {', '.join(LAYOUTS)} or None")
@@ -246,7 +269,9 @@ class Reader:
         end = self._core.end
         return end is None or first < end
 
-    def boundaries_of(self, batch: np.ndarray, layout: Optional[str] = None) -> Boundaries:
+    def boundaries_of(
+        self, batch: np.ndarray, layout: Optional[Literal["segment_ids", "position_ids", "cu_seqlens"]] = None
+    ) -> Boundaries:
         """Document boundaries of ``batch`` (a batch of this reader) in ``layout`` (default:
         the reader's ``boundaries``), with the cache's EOT and padding ids."""
         layout = layout or self._boundaries or "segment_ids"

@@ -106,10 +106,15 @@ class VerifyReport:
 
 
 def verify(path: Union[str, os.PathLike[str]], full: bool = False) -> VerifyReport:
-    """Check the cache at ``path``; ``full`` also hashes every shard (reads every byte).
+    """Check the cache at ``path`` against the format (docs/bad-input.md says what is checked).
 
-    Returns a :class:`VerifyReport` (problems are reported, not raised; call
-    ``report.raise_if_bad()`` to turn them into a :class:`CacheCorruptError`).
+    Args:
+        path: the cache folder.
+        full: also hash every shard and compare it with the manifest's sha256 (reads every byte).
+
+    Returns:
+        A :class:`VerifyReport`: problems are reported, not raised; call
+        ``report.raise_if_bad()`` to turn them into a :class:`tokshuf.CacheCorruptError`.
     """
     root = Path(os.fspath(path))
     report = VerifyReport(path=str(root), full=full)

@@ -32,12 +32,14 @@ __all__ = ["ReaderDataset"]
 class ReaderDataset(IterableDataset):  # type: ignore[type-arg,misc]
     """An ``IterableDataset`` over a :class:`tokshuf.Reader`'s batches.
 
-    ``reader`` fixes the cache, rank, world size and options; its position when the dataset is
-    made (or loaded with :meth:`load_state_dict`) is where iteration starts. ``steps`` limits
-    the number of batches (None: endless, or to the end of a single pass). ``shift=True``
-    yields ``(inputs, targets)`` shifted by one token. Over an unpacked cache it yields
-    :class:`tokshuf.UnpackedBatch` tuples of tensors (``shift`` does not apply: shift
-    ``tokens`` and mask the targets past each row's length yourself).
+    Over an unpacked cache it yields :class:`tokshuf.UnpackedBatch` tuples of tensors (``shift``
+    does not apply: shift ``tokens`` and mask the targets past each row's length yourself).
+
+    Args:
+        reader: fixes the cache, rank, world size and options; its position when the dataset
+            is made (or loaded with :meth:`load_state_dict`) is where iteration starts.
+        steps: the number of batches to yield (None: endless, or to the end of a single pass).
+        shift: yield ``(inputs, targets)`` shifted by one token instead of whole batches.
     """
 
     def __init__(self, reader: Reader, *, steps: Optional[int] = None, shift: bool = False) -> None:
