@@ -13,7 +13,8 @@ median of ``--runs`` runs, each measurement in its own process:
 - ``--scaling`` (default when ``--threads`` > 1; ``--no-scaling`` skips it): the same build
   with 1 thread, and the 1 -> N speed-up.
 - ``--with-reference-backend``: the same build with ``tokenizer_backend="reference"``.
-- Baselines (``--no-reference`` skips them), with ``RAYON_NUM_THREADS`` set to ``--threads``:
+- Baselines (``--no-reference`` skips them, ``--no-reference-library`` only the slow reference
+  libraries), with ``RAYON_NUM_THREADS`` set to ``--threads``:
   ``reference``: the Python reference library on the same documents, already in memory,
   timing only the encode calls: HF ``tokenizers`` ``encode_batch_fast(add_special_tokens=False)``
   with ``encode_special_tokens = True`` for NeoX, tiktoken ``encode_ordinary_batch(num_threads=N)``
@@ -21,14 +22,22 @@ median of ``--runs`` runs, each measurement in its own process:
   ``Tokenizer.encode_files(JsonlFileSource(files, field="text"))`` timed alone, so it reads
   its (plain .jsonl) files itself; a missing gigatoken is reported, not an error.
 
+``--cases`` adds one-file inputs of ``--case-mb`` MB (default 10) drawn from the input by the
+corpus's ``source`` key: ``code`` (Linux and Python sources), ``english`` (English docs,
+dictionaries, prose), ``i18n`` (man pages in many languages, the Debian handbook and reference
+in theirs); ``input`` is the input as given. A one-file case is where fixed costs (loading the
+tokenizer) and cold memos show, and where one file must still use every thread.
+
 Each run does build, 1-thread build, reference-backend build, reference, gigatoken in turn,
-so drifting machine load hits all of them alike. Also printed: the bound on the fast
+so drifting machine load hits all of them alike; the summary table gives the median over runs
+of each run's build / gigatoken ratio. Also printed: the bound on the fast
 backend's memos. Writes a markdown report (machine, command, results, stage times) to
 stdout and to ``--out``.
 
     python -m benches.build_bench                          # subset100m, neox + cl100k, all cores, 3 runs
     python -m benches.build_bench --smoke                  # ~3 MB, one run: checks the script
     python -m benches.build_bench --tokenizers neox,cl100k,r50k,o200k --threads 2 --runs 5
+    python -m benches.build_bench --cases input,code,english,i18n --tokenizers neox,cl100k,r50k,o200k
     python -m benches.build_bench --input /work/corpus/jsonl.zst --with-reference-backend --no-scaling
 
 The default input is ``$TOKSHUF_CORPUS/subset100m/jsonl`` (the corpus folder made by
@@ -57,6 +66,8 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # the children run this file directly and import tests.support
 
 DEFAULT_INPUT = str(Path(os.environ.get("TOKSHUF_CORPUS") or "/work/corpus") / "subset100m" / "jsonl")
 TOKENIZERS = {
@@ -224,7 +235,13 @@ def child_gigatoken(args) -> dict:
 
 
 def run_child(
-    kind: str, args, tokenizer: str, threads: Optional[int] = None, backend: str = "auto", may_fail: bool = False
+    kind: str,
+    args,
+    tokenizer: str,
+    inputs: List[str],
+    threads: Optional[int] = None,
+    backend: str = "auto",
+    may_fail: bool = False,
 ) -> dict:
     threads = threads or args.threads
     cmd = [
@@ -245,7 +262,7 @@ def run_child(
         "--workdir",
         args.workdir,
         "--input",
-        *args.input,
+        *inputs,
     ]
     env = dict(
         os.environ, RAYON_NUM_THREADS=str(threads), RAYON_RS_NUM_CPUS=str(threads), TOKENIZERS_PARALLELISM="true"
@@ -320,7 +337,13 @@ def tps(x: dict) -> float:
     return x["num_tokens"] / 1e6 / x.get("wall_s", x.get("encode_s"))
 
 
-def report(args, results: Dict[str, dict]) -> str:
+def per_run_ratio(builds: List[dict], baseline: List[dict]) -> float:
+    """Median over runs of build MB/s / baseline MB/s, each pair measured side by side."""
+    pairs = [(b, g) for b, g in zip(builds, baseline) if "skipped" not in g]
+    return med([mbs(b) / mbs(g) for b, g in pairs]) if pairs else float("nan")
+
+
+def report(args, results: Dict[tuple, dict], cases: Dict[str, List[str]]) -> str:
     info = machine_info()
     lines = [
         "# tokshuf build benchmark",
@@ -329,25 +352,47 @@ def report(args, results: Dict[str, dict]) -> str:
         "|---|---|",
         *[f"| {k} | {v} |" for k, v in info.items()],
         f"| threads | {args.threads} (builds and baselines alike){'; builds also with 1' if args.scaling else ''} |",
-        f"| input | {', '.join(args.input)}{' (--smoke)' if args.smoke else ''} |",
+        *[f"| case {c} | {', '.join(paths)}{' (--smoke)' if args.smoke else ''} |" for c, paths in cases.items()],
         f"| runs | {args.runs} per measurement, median reported |",
         "",
         "Command: `" + " ".join([Path(sys.executable).name, *sys.argv]) + "`",
         "",
-        "| tokenizer | what | threads | MB/s of text | Mtokens/s | vs reference | vs gigatoken | peak RSS | seconds | notes |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "tokshuf's whole build against gigatoken's encode alone, as the median over runs of the",
+        "ratio of the two measured side by side (so load drifting between runs cancels):",
+        "",
+        "| case | tokenizer | MB of text | build MB/s | gigatoken MB/s | build / gigatoken | 1 thread / gigatoken | 1 -> "
+        f"{args.threads} threads |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     nan = float("nan")
-    for name, r in results.items():
+
+    def ratio(v: float, base: float) -> str:
+        return "-" if base != base or v != v else f"{v / base:.2f}x"
+
+    def fmt(x: float) -> str:
+        return "-" if x != x else f"{x:.2f}x"
+
+    for (case, name), r in results.items():
+        giga = [x for x in r["gigatoken"] if "skipped" not in x]
+        giga_mbs = med([mbs(x) for x in giga]) if giga else nan
+        b_mbs = med([mbs(x) for x in r["build"]])
+        one = med([mbs(x) for x in r["build_1"]]) if r["build_1"] else nan
+        lines.append(
+            f"| {case} | {name} | {r['build'][0]['text_bytes'] / 1e6:.1f} | {b_mbs:.2f} | "
+            f"{'-' if giga_mbs != giga_mbs else f'{giga_mbs:.2f}'} | {fmt(per_run_ratio(r['build'], r['gigatoken']))} | "
+            f"{fmt(per_run_ratio(r['build_1'], r['gigatoken'])) if r['build_1'] else '-'} | {ratio(b_mbs, one)} |"
+        )
+    lines += [
+        "",
+        "| case | tokenizer | what | threads | MB/s of text | Mtokens/s | vs reference | vs gigatoken | peak RSS | seconds | notes |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for (case, name), r in results.items():
         ref = [x for x in r["reference"] if "skipped" not in x]
         giga = [x for x in r["gigatoken"] if "skipped" not in x]
         ref_mbs = med([mbs(x) for x in ref]) if ref else nan
         giga_mbs = med([mbs(x) for x in giga]) if giga else nan
         n_mbs = med([mbs(x) for x in r["build"]])
-
-        def ratio(v: float, base: float) -> str:
-            return "-" if base != base else f"{v / base:.2f}x"
-
         for key, threads in (("build", args.threads), ("build_1", 1), ("build_ref", args.threads)):
             builds = r[key]
             if not builds:
@@ -358,7 +403,7 @@ def report(args, results: Dict[str, dict]) -> str:
             note = f"1->{args.threads} threads speed-up {n_mbs / b_mbs:.2f}x" if key == "build_1" else ""
             backend = builds[0]["backend"] + (', tokenizer_backend="reference"' if key == "build_ref" else "")
             lines.append(
-                f"| {name} | tokshuf build_cache end to end ({backend}) | {threads} | "
+                f"| {case} | {name} | tokshuf build_cache end to end ({backend}) | {threads} | "
                 f"{b_mbs:.2f} | {med([tps(x) for x in builds]):.2f} | {ratio(b_mbs, ref_mbs)} | "
                 f"{ratio(b_mbs, giga_mbs)} | {rss:.0f} MiB (own {own_rss:.0f}) | "
                 f"{med([x['wall_s'] for x in builds]):.2f} | {note} |"
@@ -369,12 +414,12 @@ def report(args, results: Dict[str, dict]) -> str:
             done = [x for x in rows if "skipped" not in x]
             if not done:
                 lines.append(
-                    f"| {name} | {label}: {key} | {args.threads} | - | - | - | - | - | - | {rows[0]['skipped']} |"
+                    f"| {case} | {name} | {label}: {key} | {args.threads} | - | - | - | - | - | - | {rows[0]['skipped']} |"
                 )
                 continue
             v = med([mbs(x) for x in done])
             lines.append(
-                f"| {name} | {label}: {done[0]['what']} (encode only) | {args.threads} | {v:.2f} | "
+                f"| {case} | {name} | {label}: {done[0]['what']} (encode only) | {args.threads} | {v:.2f} | "
                 f"{med([tps(x) for x in done]):.2f} | {ratio(v, ref_mbs)} | {ratio(v, giga_mbs)} | "
                 f"{max(x['ru_maxrss_bytes'] for x in done) / 2**20:.0f} MiB | "
                 f"{med([x['encode_s'] for x in done]):.2f} | |"
@@ -388,38 +433,84 @@ def report(args, results: Dict[str, dict]) -> str:
     )
     lines += [
         "",
-        "Stage times of the builds (median seconds, `build.durations` in tokshuf.json):",
+        "Stage times of the builds (median seconds, `build.durations` in tokshuf.json; the rest of "
+        "`total` is loading the tokenizer and writing metadata):",
         "",
-        "| tokenizer | backend | threads | " + " | ".join(k.removesuffix("_s") for k in stages) + " | total |",
-        "|---|---|---:|" + "---:|" * (len(stages) + 1),
+        "| case | tokenizer | backend | threads | " + " | ".join(k.removesuffix("_s") for k in stages) + " | total |",
+        "|---|---|---|---:|" + "---:|" * (len(stages) + 1),
     ]
-    for name, r in results.items():
+    for (case, name), r in results.items():
         for key, threads in (("build", args.threads), ("build_1", 1), ("build_ref", args.threads)):
             builds = r[key]
             if not builds:
                 continue
             cells = [f"{med([x['durations'].get(k, 0.0) for x in builds]):.2f}" for k in stages]
             lines.append(
-                f"| {name} | {builds[0]['backend']} | {threads} | "
+                f"| {case} | {name} | {builds[0]['backend']} | {threads} | "
                 + " | ".join(cells)
                 + f" | {med([x['total_s'] for x in builds]):.2f} |"
             )
-    docs = {name: r["build"][0]["num_documents"] for name, r in results.items()}
-    text = {name: r["build"][0]["text_bytes"] for name, r in results.items()}
+    docs = {f"{c}/{n}": r["build"][0]["num_documents"] for (c, n), r in results.items()}
     memo = (MEMO_SLOT_BYTES + MEMO_LONG_BYTES) / 2**20
     lines += [
         "",
-        f"Documents: {docs}; text bytes: {text}. The reference rows time only the encode calls on "
+        f"Documents: {docs}. The reference rows time only the encode calls on "
         "documents already in memory; gigatoken's only its `encode_files` call (it reads the files "
-        "itself); the build includes reading, JSON parsing, decompression, windowing, shuffling and "
-        "writing.",
+        "itself, and its tokenizer is loaded before the clock starts); the build includes loading the "
+        "tokenizer, reading, JSON parsing, decompression, windowing, shuffling and writing.",
         "",
         f"Fast backend memo bound: 2^18 slots x 32 bytes = {MEMO_SLOT_BYTES / 2**20:.0f} MiB per thread "
         f"and tokenizer, plus at most {MEMO_LONG_BYTES / 2**20:.0f} MiB of long pieces per thread "
-        f"(CACHE_BITS in rust/tokshuf-core/src/fast.rs, LONG_BUDGET in rust/tokshuf-core/src/piece_cache.rs): "
+        f"(CACHE_BITS in rust/tokshuf-core/src/tokenize/fast.rs, LONG_BUDGET in "
+        f"rust/tokshuf-core/src/tokenize/piece_cache.rs): "
         f"at most {memo:.0f} MiB x {plural(args.threads, 'thread')} = {memo * args.threads:.0f} MiB per tokenizer.",
     ]
     return "\n".join(lines) + "\n"
+
+
+# Single-file cases drawn from the input by the corpus's `source` key (../shared/corpus/).
+CASE_SOURCES = {
+    "code": {"linux-code", "python-stdlib"},
+    "english": {
+        "man-en",
+        "linux-docs",
+        "python-docs",
+        "perl-pod",
+        "postgresql-docs",
+        "info-manuals",
+        "git-docs",
+        "gcide",
+        "wordnet",
+        "foldoc",
+        "jargon",
+        "vera",
+        "devils-dictionary",
+        "elements",
+        "kjv-bible",
+        "fortunes",
+    },
+    "i18n": {"man-i18n", "debian-handbook", "debian-reference", "debian-dev-guides"},
+}
+
+
+def make_case_input(args, case: str) -> str:
+    """One plain jsonl file of about --case-mb MB: the input documents of the case's sources."""
+    from tokshuf._inputs import expand_inputs
+
+    path = Path(args.workdir) / f"{case}.jsonl"
+    budget = int(args.case_mb * 1e6)
+    with open(path, "w", encoding="utf-8") as dst:
+        for src_path in expand_inputs(args.input):
+            with open_text(src_path) as src:
+                for line in src:
+                    if budget <= 0:
+                        return str(path)
+                    if json.loads(line).get("source") in CASE_SOURCES[case]:
+                        dst.write(line)
+                        budget -= len(line.encode("utf-8"))
+    if path.stat().st_size == 0:
+        raise SystemExit(f"case {case}: no input line has a source in {sorted(CASE_SOURCES[case])}")
+    return str(path)
 
 
 def make_smoke_input(args) -> str:
@@ -449,6 +540,13 @@ def main() -> None:
     p.add_argument("--tokenizers", default="neox,cl100k", help=f"comma-separated: {', '.join(TOKENIZERS)}")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="default: all usable cores")
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument(
+        "--cases",
+        default="input",
+        help="comma-separated: input (the --input files as given), and one-file cases drawn from them by "
+        f"the corpus's source key: {', '.join(CASE_SOURCES)}",
+    )
+    p.add_argument("--case-mb", type=float, default=10.0, help="size of each one-file case (default 10 MB)")
     p.add_argument("--seqlen", type=int, default=2049)
     p.add_argument("--format", default="npy")
     p.add_argument(
@@ -461,6 +559,11 @@ def main() -> None:
         "--with-reference-backend", action="store_true", help='also build with tokenizer_backend="reference" (slow)'
     )
     p.add_argument("--no-reference", action="store_true", help="only the builds: no reference library, no gigatoken")
+    p.add_argument(
+        "--no-reference-library",
+        action="store_true",
+        help="builds and gigatoken only (the reference libraries are slow)",
+    )
     p.add_argument("--smoke", action="store_true", help="~3 MB of the first input file and one run: checks the script")
     p.add_argument("--workdir", default=None, help="scratch folder for the caches (default: a temp folder)")
     p.add_argument("--out", default=None, help="also write the markdown here")
@@ -477,6 +580,9 @@ def main() -> None:
     unknown = [n for n in names if n not in TOKENIZERS]
     if unknown:
         p.error(f"unknown tokenizers {unknown}; choose from {', '.join(TOKENIZERS)}")
+    unknown = [c for c in args.cases.split(",") if c != "input" and c not in CASE_SOURCES]
+    if unknown:
+        p.error(f"unknown cases {unknown}; choose from input, {', '.join(CASE_SOURCES)}")
     if args.scaling is None:
         args.scaling = args.threads > 1
     elif args.scaling and args.threads == 1:
@@ -486,36 +592,45 @@ def main() -> None:
     args.workdir = args.workdir or tempfile.mkdtemp(prefix="tokshuf-bench-")
     try:
         if args.smoke:
-            args.input, args.runs = [make_smoke_input(args)], 1
+            args.input, args.runs, args.case_mb = [make_smoke_input(args)], 1, 1
+        cases = {c: (args.input if c == "input" else [make_case_input(args, c)]) for c in args.cases.split(",")}
         results = {}
-        for name in names:
-            r = results[name] = {"build": [], "build_1": [], "build_ref": [], "reference": [], "gigatoken": []}
-            for run in range(args.runs):
-                # Alternate builds and baselines so drifting machine load hits all alike.
-                tag = f"[{name} run {run + 1}/{args.runs}]"
-                steps = [("build", "build", args.threads, "auto")]
-                if args.scaling:
-                    steps.append(("build_1", "build", 1, "auto"))
-                if args.with_reference_backend:
-                    steps.append(("build_ref", "build", args.threads, "reference"))
-                if not args.no_reference:
-                    steps += [
-                        ("reference", "reference", args.threads, "auto"),
-                        ("gigatoken", "gigatoken", args.threads, "auto"),
-                    ]
-                for key, kind, threads, backend in steps:
-                    x = run_child(kind, args, name, threads=threads, backend=backend, may_fail=kind == "gigatoken")
-                    r[key].append(x)
-                    if "skipped" in x:
-                        print(f"{tag} {key}: {x['skipped']}", file=sys.stderr)
-                    else:
-                        secs = x.get("wall_s", x.get("encode_s"))
-                        what = x.get("backend") or x.get("what", "")
-                        print(
-                            f"{tag} {key} {what} {plural(threads, 'thread')}: {secs:.2f} s ({mbs(x):.2f} MB/s)",
-                            file=sys.stderr,
+        for case, inputs in cases.items():
+            for name in names:
+                r = results[(case, name)] = {
+                    "build": [],
+                    "build_1": [],
+                    "build_ref": [],
+                    "reference": [],
+                    "gigatoken": [],
+                }
+                for run in range(args.runs):
+                    # Alternate builds and baselines so drifting machine load hits all alike.
+                    tag = f"[{case} {name} run {run + 1}/{args.runs}]"
+                    steps = [("build", "build", args.threads, "auto")]
+                    if args.scaling:
+                        steps.append(("build_1", "build", 1, "auto"))
+                    if args.with_reference_backend:
+                        steps.append(("build_ref", "build", args.threads, "reference"))
+                    if not args.no_reference:
+                        if not args.no_reference_library:
+                            steps.append(("reference", "reference", args.threads, "auto"))
+                        steps.append(("gigatoken", "gigatoken", args.threads, "auto"))
+                    for key, kind, threads, backend in steps:
+                        x = run_child(
+                            kind, args, name, inputs, threads=threads, backend=backend, may_fail=kind == "gigatoken"
                         )
-        text = report(args, results)
+                        r[key].append(x)
+                        if "skipped" in x:
+                            print(f"{tag} {key}: {x['skipped']}", file=sys.stderr)
+                        else:
+                            secs = x.get("wall_s", x.get("encode_s"))
+                            what = x.get("backend") or x.get("what", "")
+                            print(
+                                f"{tag} {key} {what} {plural(threads, 'thread')}: {secs:.2f} s ({mbs(x):.2f} MB/s)",
+                                file=sys.stderr,
+                            )
+        text = report(args, results, cases)
         print(text)
         if args.out:
             Path(args.out).write_text(text)

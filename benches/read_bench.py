@@ -1,79 +1,156 @@
-"""Reader benchmarks (issue 3): tokens/s delivered as NumPy batches by tokshuf's Reader versus
-stock webdataset on the same tars (and mosaicml-streaming / litdata when installed), the same for
-a blend of the cache with itself, seek time to step 1 and step 10^9, and the time to open a cache
-of 100,000 chunks.
+"""Reader benchmarks (issues 3 and 16): tokens/s delivered as NumPy batches by tokshuf's Reader
+(every member format, endless and single pass, 1 and 2 threads, page cache warm and cold)
+against a plain NumPy copy of the same tokens into the output dtype, stock webdataset on the
+same tars, and mosaicml-streaming (MDS) and litdata's TokensLoader on the same contexts (when
+installed); bytes per token of each format; a blend; seek time to step 1 and 10^9; the time to
+open a cache of 100,000 chunks in a fresh process.
 
-    python -m benches.read_bench --cache CACHE            # an existing cache (e.g. built from
-                                                          # /work/corpus/out/subset100m)
-    python -m benches.read_bench --build /work/corpus/out/subset100m --out /tmp/bench_cache
-    python -m benches.read_bench --smoke                  # tiny, seconds: checks the script runs
+    python -m benches.read_bench --build CORPUS_DIR --out /tmp/bench   # builds every format
+    python -m benches.read_bench --cache CACHE                         # one existing cache
+    python -m benches.read_bench --smoke                               # tiny: checks the script
 
-Page cache warm (every reader first reads the data once), one consuming Python thread. Results
-are printed as a table and, with --json PATH, written as JSON.
+"Cold" drops the shards from the page cache before the run (posix_fadvise DONTNEED on every
+shard file; the files must not be held open by another process). Each figure is the median of
+--runs interleaved runs; the CPU time of the process is reported beside the wall time, since
+on a shared machine wall time measures the neighbours too. With --json PATH results are
+written as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import glob
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import tokshuf
 
 
-def measure(name: str, batches: Callable[[], Iterator[np.ndarray]], seconds: float, results: Dict) -> None:
-    """Tokens/s of an iterator of 2-D batches, after one warm-up pass over `seconds`."""
-    for _pass in ("warm", "timed"):
-        t0 = time.perf_counter()
-        tokens = nb = 0
-        for b in batches():
-            tokens += b.size
-            nb += 1
-            if time.perf_counter() - t0 > seconds:
-                break
-        dt = time.perf_counter() - t0
-    rate = tokens / dt / 1e6
-    results[name] = {"mtok_per_s": rate, "batches": nb, "seconds": dt}
-    print(f"  {name:<32}{rate:>10.1f} Mtok/s  ({nb} batches in {dt:.2f} s)", flush=True)
+def drop_page_cache(cache: tokshuf.Cache) -> None:
+    """Evict a cache's shards from the page cache (cold reads)."""
+    for p in glob.glob(os.path.join(cache.path, "shard_*.tar")):
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
 
 
-def bench_tokshuf(cache: tokshuf.Cache, batch: int, seconds: float, results: Dict) -> None:
-    for dtype in (str(cache.dtype), "int32"):
-        for threads in (1, 2, 4):
+def timed(batches: Iterator[np.ndarray], tokens: int) -> Tuple[float, float]:
+    """(wall Mtok/s, Mtok per CPU second of this process) over `tokens` tokens of batches."""
+    w0, c0, n = time.perf_counter(), time.process_time(), 0
+    for b in batches:
+        n += b.size
+        if n >= tokens:
+            break
+    return n / (time.perf_counter() - w0) / 1e6, n / max(time.process_time() - c0, 1e-9) / 1e6
 
-            def run(dtype=dtype, threads=threads):
-                return iter(tokshuf.Reader(cache, batch_size=batch, dtype=dtype, prefetch=2 * threads, threads=threads))
 
-            measure(f"tokshuf {dtype} threads={threads}", run, seconds, results)
+def measure(
+    name: str, make: Callable[[], Iterator[np.ndarray]], tokens: int, runs: int, results: Dict, cold=None
+) -> None:
+    """Median over `runs` runs of `tokens` tokens each; `cold()` before each run, or (warm) one
+    untimed pass first."""
+    if cold is None:
+        timed(make(), tokens)
+    got = []
+    for _ in range(runs):
+        if cold is not None:
+            cold()
+        got.append(timed(make(), tokens))
+    wall, cpu = statistics.median(g[0] for g in got), statistics.median(g[1] for g in got)
+    results[name] = {"mtok_per_s": wall, "mtok_per_cpu_s": cpu, "runs": [list(g) for g in got]}
+    print(f"  {name:<46}{wall:>9.0f} Mtok/s {cpu:>9.0f} per CPU-s", flush=True)
 
 
-def bench_blend(cache: tokshuf.Cache, batch: int, seconds: float, results: Dict) -> None:
-    """The same cache read as a 70/30 blend of itself: the cost of the blend path (schedule
-    lookup, rows from two caches) against the single-cache rows above; and seek in a blend."""
+def endless(make: Callable[[], Iterator[np.ndarray]]) -> Iterator[np.ndarray]:
+    """Single passes one after the other: as many tokens as the endless reader gives."""
+    while True:
+        yield from make()
+
+
+def bench_copy(contexts: np.ndarray, batch: int, dtype: str, tokens: int, runs: int, results: Dict) -> None:
+    """The yardstick: the same tokens, already in memory, copied batch by batch into a new array
+    of the output dtype (what any reader has to do at least once)."""
+
+    def run():
+        k = 0
+        while True:
+            lo = (k * batch) % (len(contexts) - batch + 1)
+            yield contexts[lo : lo + batch].astype(dtype)
+            k += 1
+
+    measure(f"numpy copy -> {dtype}", run, tokens, runs, results)
+
+
+def bench_tokshuf(
+    caches: Dict[str, tokshuf.Cache], batch: int, dtype: str, tokens: int, runs: int, results: Dict
+) -> None:
+    for fmt, cache in caches.items():
+        for threads in (1, 2):
+            for single in (False, True):
+
+                def run(cache=cache, threads=threads, single=single):
+                    def reader():
+                        return iter(
+                            tokshuf.Reader(
+                                cache,
+                                batch_size=batch,
+                                dtype=dtype,
+                                prefetch=2 * threads,
+                                threads=threads,
+                                single_pass=single,
+                            )
+                        )
+
+                    return endless(reader) if single else reader()
+
+                what = "single pass" if single else "endless"
+                measure(f"tokshuf {fmt} {what} {dtype} t={threads}", run, tokens, runs, results)
+        run = lambda cache=cache: tokshuf.Reader(cache, batch_size=batch, dtype=dtype, threads=2, prefetch=4)  # noqa: E731
+        measure(
+            f"tokshuf {fmt} endless {dtype} t=2 cold",
+            run,
+            tokens,
+            runs,
+            results,
+            cold=lambda c=cache: drop_page_cache(c),
+        )
+
+
+def bytes_per_token(caches: Dict[str, tokshuf.Cache], results: Dict) -> None:
+    for fmt, cache in caches.items():
+        size = sum(os.path.getsize(p) for p in glob.glob(os.path.join(cache.path, "shard_*.tar")))
+        bpt = size / (len(cache) * cache.seqlen)
+        results[f"bytes per token {fmt}"] = bpt
+        print(f"  {fmt:<12}{size / 1e6:>10.1f} MB {bpt:>8.3f} bytes/token", flush=True)
+
+
+def bench_blend(cache: tokshuf.Cache, batch: int, tokens: int, runs: int, results: Dict) -> None:
+    """The cache read as a 70/30 blend of itself: the cost of the blend path (schedule lookup,
+    rows from two caches) against the single-cache rows; and seek in a blend."""
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "listed twice"
         blend = tokshuf.Blend([(cache, 0.7), (tokshuf.Cache(cache.path), 0.3)])
-    for threads in (1, 4):
-
-        def run(threads=threads):
-            return iter(tokshuf.Reader(blend, batch_size=batch, dtype="int32", prefetch=2 * threads, threads=threads))
-
-        measure(f"tokshuf blend int32 threads={threads}", run, seconds, results)
+    run = lambda: iter(tokshuf.Reader(blend, batch_size=batch, dtype="int32", prefetch=4, threads=2))  # noqa: E731
+    measure("tokshuf blend int32 t=2", run, tokens, runs, results)
     r = tokshuf.Reader(blend, batch_size=batch, prefetch=0)
     for step in (1, 10**9):
         r.seek(step=step)
         next(r)
-        reps = 200
+        reps = 50
         t0 = time.perf_counter()
         for _ in range(reps):
             r.seek(step=step)
@@ -83,53 +160,64 @@ def bench_blend(cache: tokshuf.Cache, batch: int, seconds: float, results: Dict)
         print(f"  blend seek+batch to step {step:<12}{ms:>10.3f} ms", flush=True)
 
 
-def bench_webdataset(cache: tokshuf.Cache, batch: int, seconds: float, results: Dict) -> None:
+def rows_of(batches: Iterator[np.ndarray], batch: int) -> Iterator[np.ndarray]:
+    """Samples of other loaders stacked into batches of `batch` contexts."""
+    rows: List[np.ndarray] = []
+    for row in batches:
+        rows.append(row)
+        if len(rows) == batch:
+            yield np.stack(rows)
+            rows = []
+
+
+def bench_webdataset(cache: tokshuf.Cache, batch: int, tokens: int, runs: int, results: Dict) -> None:
     try:
         import webdataset as wds
     except ImportError:
         print("  webdataset not installed: skipped")
         return
+    import warnings
+
     shards = sorted(glob.glob(os.path.join(cache.path, "shard_*.tar")))
-    key = "npy" if cache.format == "npy" else "json.gz"
+    key = "npy" if cache.format in ("npy", "blocks") else cache.format
 
     def run():
-        ds = wds.WebDataset(shards, shardshuffle=False).decode()
-        rows: List[np.ndarray] = []
-        for sample in ds:
-            rows.append(np.asarray(sample[key]))
-            if len(rows) == batch:
-                yield np.stack(rows)
-                rows = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for s in endless(lambda: iter(wds.WebDataset(shards, shardshuffle=False).decode())):
+                yield from np.asarray(s[key]).reshape(-1, cache.seqlen)
 
-    measure("webdataset (stock, .decode())", run, seconds, results)
+    measure(f"webdataset (stock, .decode()) {cache.format}", lambda: rows_of(run(), batch), tokens, runs, results)
 
 
-def bench_streaming(cache: tokshuf.Cache, batch: int, seconds: float, results: Dict, tmp: Path) -> None:
+def bench_streaming(contexts: np.ndarray, batch: int, tokens: int, runs: int, results: Dict, tmp: Path) -> None:
     try:
         from streaming import MDSWriter, StreamingDataset
     except ImportError:
         print("  mosaicml-streaming not installed: skipped")
         return
     out = tmp / "mds"
-    n = min(len(cache), 200_000)
-    with MDSWriter(out=str(out), columns={"tokens": f"ndarray:{cache.dtype.name}:{cache.seqlen}"}) as w:
-        for start in range(0, n, 4096):
-            for row in cache.get_batch(range(start, min(n, start + 4096))):
-                w.write({"tokens": row})
+    seqlen = contexts.shape[1]
+    with MDSWriter(out=str(out), columns={"tokens": f"ndarray:{contexts.dtype.name}:{seqlen}"}) as w:
+        for row in contexts:
+            w.write({"tokens": row})
 
     def run():
         ds = StreamingDataset(local=str(out), batch_size=batch, shuffle=False)
-        rows = []
-        for s in ds:
-            rows.append(s["tokens"])
-            if len(rows) == batch:
-                yield np.stack(rows)
-                rows = []
+        return rows_of(endless(lambda: (s["tokens"] for s in ds)), batch)
 
-    measure("mosaicml-streaming (MDS)", run, seconds, results)
+    measure("mosaicml-streaming (MDS)", run, tokens, runs, results)
 
 
-def bench_litdata(cache: tokshuf.Cache, batch: int, seconds: float, results: Dict, tmp: Path) -> None:
+def _litdata_rows(path: str, step: int, i: int):
+    """litdata's optimize input: `step` contexts from `i` as one int32 tensor (a top-level
+    function: its workers are spawned)."""
+    import torch
+
+    return torch.from_numpy(np.load(path, mmap_mode="r")[i : i + step].reshape(-1).astype(np.int32))
+
+
+def bench_litdata(contexts: np.ndarray, batch: int, tokens: int, runs: int, results: Dict, tmp: Path) -> None:
     try:
         import litdata
         from litdata.streaming.item_loader import TokensLoader
@@ -137,15 +225,12 @@ def bench_litdata(cache: tokshuf.Cache, batch: int, seconds: float, results: Dic
         print("  litdata not installed: skipped")
         return
     out = tmp / "litdata"
-    n = min(len(cache), 200_000)
-    import torch
-
-    def rows(i):
-        return torch.from_numpy(cache[i].astype(np.int64))
-
+    seqlen = contexts.shape[1]
+    np.save(tmp / "contexts.npy", contexts)
+    step = 256
     litdata.optimize(
-        fn=rows,
-        inputs=list(range(n)),
+        fn=functools.partial(_litdata_rows, str(tmp / "contexts.npy"), step),
+        inputs=list(range(0, len(contexts), step)),
         output_dir=str(out),
         chunk_bytes="64MB",
         item_loader=TokensLoader(),
@@ -153,29 +238,10 @@ def bench_litdata(cache: tokshuf.Cache, batch: int, seconds: float, results: Dic
     )
 
     def run():
-        ds = litdata.StreamingDataset(str(out), item_loader=TokensLoader(block_size=cache.seqlen))
-        buf = []
-        for s in ds:
-            buf.append(s.numpy())
-            if len(buf) == batch:
-                yield np.stack(buf)
-                buf = []
+        ds = litdata.StreamingDataset(str(out), item_loader=TokensLoader(block_size=seqlen))
+        return rows_of(endless(lambda: (s.numpy() for s in ds)), batch)
 
-    measure("litdata TokensLoader", run, seconds, results)
-
-
-def bench_memcpy(cache: tokshuf.Cache, batch: int, seconds: float, results: Dict) -> None:
-    src = np.zeros((batch * 8, cache.seqlen), dtype=cache.dtype)
-    dst = np.empty((batch, cache.seqlen), dtype=cache.dtype)
-
-    def run():
-        k = 0
-        while True:
-            np.copyto(dst, src[(k % 8) * batch : (k % 8 + 1) * batch])
-            k += 1
-            yield dst
-
-    measure(f"memory copy ({cache.dtype})", run, seconds, results)
+    measure("litdata TokensLoader (int32)", run, tokens, runs, results)
 
 
 def bench_seek(cache: tokshuf.Cache, batch: int, results: Dict) -> None:
@@ -186,7 +252,7 @@ def bench_seek(cache: tokshuf.Cache, batch: int, results: Dict) -> None:
             ("seek+batch", lambda s=step: (r.seek(step=s), next(r))),
         ):
             fn()
-            reps = 200
+            reps = 50
             t0 = time.perf_counter()
             for _ in range(reps):
                 fn()
@@ -196,24 +262,15 @@ def bench_seek(cache: tokshuf.Cache, batch: int, results: Dict) -> None:
 
 
 def make_synthetic(root: Path, chunks: int, chunk_size: int, seqlen: int) -> None:
-    """A cache of `chunks` sparse shards (right sizes, no data): what opening has to check."""
+    """A cache of `chunks` sparse shards (right sizes, no data) with the manifest lines a build
+    writes: what opening has to read and check."""
     root.mkdir(parents=True, exist_ok=True)
     stride = 512 + -(-(128 + 2 * seqlen) // 512) * 512
     size = chunk_size * stride + 1024
+    line = '{{"shard":"shard_{c:08}","num_sequences":{n},"num_tokens":{t},"bytes":{b},"sha256":"{h}"}}\n'
     with open(root / "manifest.jsonl", "w") as m:
         for c in range(chunks):
-            m.write(
-                json.dumps(
-                    {
-                        "shard": f"shard_{c:08}",
-                        "num_sequences": chunk_size,
-                        "num_tokens": chunk_size * seqlen,
-                        "bytes": size,
-                        "sha256": "0" * 64,
-                    }
-                )
-                + "\n"
-            )
+            m.write(line.format(c=c, n=chunk_size, t=chunk_size * seqlen, b=size, h=f"{c:064x}"))
     for c in range(chunks):
         with open(root / f"shard_{c:08}.tar", "wb") as f:
             f.truncate(size)
@@ -232,35 +289,62 @@ def make_synthetic(root: Path, chunks: int, chunk_size: int, seqlen: int) -> Non
     (root / "tokshuf.json").write_text(json.dumps(meta))
 
 
-def bench_open(chunks: int, tmp: Path, results: Dict) -> None:
+OPEN_SCRIPT = """
+import resource, sys, time
+import tokshuf
+Cache = tokshuf.Cache  # imports NumPy: the import is not part of opening
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+w, c = time.perf_counter(), cpu()
+cache = Cache(sys.argv[1], check_files=sys.argv[2] == "1")
+w1, c1 = time.perf_counter(), cpu()
+tokshuf.Reader(cache, batch_size=512).locate(10**12)
+print(w1 - w, c1 - c, time.perf_counter() - w1)
+"""
+
+
+def bench_open(chunks: int, runs: int, tmp: Path, results: Dict) -> None:
+    """Opening a cache of `chunks` chunks in a fresh process (interpreter start and import not
+    counted), with the default checks and with check_files=False."""
+    import subprocess
+
     root = tmp / f"open{chunks}"
     t0 = time.perf_counter()
     make_synthetic(root, chunks, 8192, 2049)
     print(f"  (synthetic cache of {chunks:,} chunks written in {time.perf_counter() - t0:.1f} s)")
-    tokshuf.Cache(root)  # warm the dentry cache, as a second run would
     for check in (True, False):
-        times = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            c = tokshuf.Cache(root, check_files=check)
-            times.append(time.perf_counter() - t0)
-        assert c.num_chunks == chunks
-        results[f"open {chunks} chunks check_files={check}"] = {"ms": min(times) * 1e3}
-        print(f"  open {chunks:,} chunks, check_files={check!s:<6}{min(times) * 1e3:>10.1f} ms", flush=True)
-    t0 = time.perf_counter()
-    r = tokshuf.Reader(c, batch_size=512)
-    r.locate(10**12)
-    print(f"  Reader construction + locate      {(time.perf_counter() - t0) * 1e3:>10.1f} ms")
+        got = []
+        for _ in range(runs):
+            out = subprocess.run(
+                [sys.executable, "-c", OPEN_SCRIPT, str(root), "1" if check else "0"],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            got.append([float(x) * 1e3 for x in out.stdout.split()])
+        wall, cpu, reader = (statistics.median(g[k] for g in got) for k in range(3))
+        results[f"open {chunks} chunks check_files={check}"] = {"ms": wall, "cpu_ms": cpu, "reader_ms": reader}
+        print(
+            f"  open {chunks:,} chunks, check_files={check!s:<6}{wall:>8.1f} ms ({cpu:.1f} ms CPU); Reader + locate {reader:.1f} ms",
+            flush=True,
+        )
+
+
+FORMATS = ("npy", "json.gz", "blocks", "blocks.zst")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cache", help="existing cache to read")
-    ap.add_argument("--build", help="corpus folder to build a cache from (with --out)")
-    ap.add_argument("--out", help="where --build writes the cache")
+    ap.add_argument("--cache", help="existing cache to read (its format only)")
+    ap.add_argument("--build", help="corpus folder to build one cache per format from (with --out)")
+    ap.add_argument("--out", help="where --build writes the caches (reused when already built)")
+    ap.add_argument("--formats", default=",".join(FORMATS), help="formats --build makes and reads")
     ap.add_argument("--seqlen", type=int, default=2049)
     ap.add_argument("--batch-size", type=int, default=512)
-    ap.add_argument("--seconds", type=float, default=5.0, help="per measurement")
+    ap.add_argument("--tokens", type=float, default=200e6, help="tokens per timed run")
+    ap.add_argument("--runs", type=int, default=3, help="interleaved runs per figure (median)")
+    ap.add_argument("--dtypes", default="uint16,int32", help="output dtypes")
     ap.add_argument("--open-chunks", type=int, default=100_000)
     ap.add_argument("--smoke", action="store_true", help="tiny sizes: check that the script runs")
     ap.add_argument("--json", help="write results here")
@@ -268,35 +352,63 @@ def main(argv: Optional[List[str]] = None) -> int:
     results: Dict = {}
     tmp = Path(tempfile.mkdtemp(prefix="tokshuf-readbench-"))
     try:
+        formats = args.formats.split(",")
         if args.smoke:
             from tests.support.corpus import make_docs, write_jsonl
 
             files = [write_jsonl(tmp / "in" / f"{k}.jsonl", make_docs(60, k)) for k in range(2)]
-            tokshuf.build_cache(files, tmp / "cache", seqlen=64, chunk_size=16, progress=False)
-            path, args.batch_size, args.seconds, args.open_chunks = tmp / "cache", 8, 0.2, 2000
+            paths = {}
+            for fmt in formats:
+                paths[fmt] = tmp / fmt
+                blocks = dict(block_size=4) if fmt.startswith("blocks") else {}
+                tokshuf.build_cache(files, paths[fmt], seqlen=64, chunk_size=16, format=fmt, progress=False, **blocks)
+            args.batch_size, args.tokens, args.runs, args.open_chunks = 8, 2e4, 1, 2000
         elif args.build:
             if not args.out:
                 ap.error("--build needs --out")
             files = sorted(glob.glob(os.path.join(args.build, "**", "*.jsonl*"), recursive=True))
-            tokshuf.build_cache(files, args.out, seqlen=args.seqlen)
-            path = Path(args.out)
+            paths = {}
+            for fmt in formats:
+                paths[fmt] = Path(args.out) / fmt.replace(".", "")
+                tokshuf.build_cache(files, paths[fmt], seqlen=args.seqlen, format=fmt, progress=False)
         elif args.cache:
-            path = Path(args.cache)
+            c = tokshuf.Cache(args.cache)
+            paths = {c.format: Path(args.cache)}
         else:
             ap.error("give --cache, --build or --smoke")
-        cache = tokshuf.Cache(path)
-        print(f"{cache!r}, {cache.format}, batch {args.batch_size}, cpus {os.cpu_count()}")
-        print("throughput (page cache warm, one consuming thread):")
-        bench_tokshuf(cache, args.batch_size, args.seconds, results)
-        bench_blend(cache, args.batch_size, args.seconds, results)
-        bench_webdataset(cache, args.batch_size, args.seconds, results)
-        bench_streaming(cache, args.batch_size, args.seconds, results, tmp)
-        bench_litdata(cache, args.batch_size, args.seconds, results, tmp)
-        bench_memcpy(cache, args.batch_size, args.seconds, results)
+        caches = {fmt: tokshuf.Cache(p) for fmt, p in paths.items()}
+        first = next(iter(caches.values()))
+        tokens = int(args.tokens)
+        print(f"{first!r}, batch {args.batch_size}, cpus {os.cpu_count()}, load average {os.getloadavg()}")
+        print("bytes on disk:")
+        bytes_per_token(caches, results)
+        contexts = first[:]
+        for dtype in args.dtypes.split(","):
+            print(f"throughput, {dtype} batches (median of {args.runs}; warm unless marked cold):")
+            bench_copy(contexts, args.batch_size, dtype, tokens, args.runs, results)
+            bench_tokshuf(caches, args.batch_size, dtype, tokens, args.runs, results)
+        print("other loaders, same contexts:")
+        for fmt in ("npy", "blocks"):
+            if fmt in caches:
+                bench_webdataset(caches[fmt], args.batch_size, min(tokens, 20_000_000), args.runs, results)
+        bench_streaming(contexts, args.batch_size, tokens, args.runs, results, tmp)
+        bench_litdata(contexts, args.batch_size, tokens, args.runs, results, tmp)
+        bench_blend(first, args.batch_size, tokens, args.runs, results)
+        print("ratios (wall, then per CPU-s):")
+        for name, v in results.items():
+            if isinstance(v, dict) and "mtok_per_s" in v and not name.startswith("numpy"):
+                dtype = "int32" if "int32" in name else "uint16"
+                ref = results.get(f"numpy copy -> {dtype}")
+                if ref:
+                    v["vs_copy"] = v["mtok_per_s"] / ref["mtok_per_s"]
+                    v["vs_copy_cpu"] = v["mtok_per_cpu_s"] / ref["mtok_per_cpu_s"]
+                    print(f"  {name:<46}{v['vs_copy']:>7.2f}x copy {v['vs_copy_cpu']:>7.2f}x", flush=True)
         print("seek:")
-        bench_seek(cache, args.batch_size, results)
-        print("open:")
-        bench_open(args.open_chunks, tmp, results)
+        bench_seek(first, args.batch_size, results)
+        print("open (fresh process):")
+        bench_open(args.open_chunks, args.runs, tmp, results)
+        results["load_average_after"] = os.getloadavg()
+        print(f"load average {os.getloadavg()}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if args.json:

@@ -64,6 +64,30 @@ def test_byte_identical_for_any_threads_and_reruns(small_corpus, tmp_path, fmt):
     assert sorted(os.listdir(tmp_path / "scratch")) == []  # scratch cleaned up
 
 
+def test_memory_limit_splits_stage_2_never_its_bytes(small_corpus, tmp_path):
+    """Stage 2 spends memory_limit on cell ids (8 bytes each) and on each thread's window of
+    contexts gathered ahead (at most half the limit, at most a chunk). Whatever the split
+    (a window of one context or of a whole chunk, one group of chunks or many) the bytes
+    are the same."""
+    ref = build(small_corpus, tmp_path / "ref", threads=2, **OPTS)
+    files = cache.file_bytes(tmp_path / "ref")
+    context_bytes = OPTS["seqlen"] * 2  # uint16 ids
+    figures = {}
+    # 1 byte: one context per window, one chunk per group. 2000 bytes: windows of 7 contexts
+    # (2000 / 2 / 2 threads / 64 bytes) and groups of (2000 - 2 * 7 * 64) / 8 = 138 ids, about
+    # a cell (576 contexts in 5 cells).
+    for limit in [1, 2000, None]:
+        out = tmp_path / f"m{limit}"
+        stats = build(small_corpus, out, threads=2, memory_limit=limit, **OPTS)
+        assert cache.file_bytes(out) == files, limit
+        figures[limit] = stats.metadata["build"]["stage2"]
+        assert figures[limit]["shards"] == ref.num_chunks
+    assert figures[1]["gather_window"] == 1 and figures[1]["groups"] == ref.num_chunks
+    assert figures[2000]["gather_window"] == 2000 // 2 // 2 // context_bytes == 7
+    assert 1 < figures[2000]["groups"] < ref.num_chunks
+    assert figures[None]["gather_window"] == OPTS["chunk_size"] and figures[None]["groups"] == 1
+
+
 @pytest.mark.parametrize("fmt", ["npy", "json.gz"])
 def test_seed_changes_order_not_contents(small_corpus, tmp_path, fmt):
     build(small_corpus, tmp_path / "s3", format=fmt, **OPTS)

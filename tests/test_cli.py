@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -148,3 +149,122 @@ def test_seqlen_of_one_is_refused(tmp_path):
     r = run("build", "-i", str(inputs[0]), "-o", str(tmp_path / "o"), "--seqlen", "1")
     assert_one_line_error(r, "seqlen must be at least 2")
     assert not (tmp_path / "o").exists()
+
+
+def test_every_command_has_help_in_the_command_list():
+    import argparse
+
+    from tokshuf.__main__ import make_parser
+
+    (sub,) = [a for a in make_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    listed = {a.dest: a.help for a in sub._choices_actions}
+    assert set(listed) == set(sub.choices)
+    assert all(listed.values()), listed
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["build", "-i", "IN", "-o", "OUT", "--seqlen", "1"],
+        ["build", "-i", "IN", "-o", "OUT", "--tokenizer", "gpt2"],
+        ["build", "-i", "IN", "-o", "FILE"],
+        ["read", "CACHE", "--batch-size", "2", "--steps", "-1"],
+    ],
+    ids=["seqlen-1", "unknown-tokenizer", "output-is-a-file", "negative-steps"],
+)
+def test_user_mistakes_are_one_line_and_debug_shows_the_traceback(cache, tmp_path, argv):
+    inputs = three_files(tmp_path / "in")
+    (tmp_path / "file").write_text("x")
+    names = {"IN": str(inputs[0]), "OUT": str(tmp_path / "o"), "FILE": str(tmp_path / "file"), "CACHE": str(cache)}
+    argv = [names.get(a, a) for a in argv]
+    assert_one_line_error(run(*argv))
+    r = run(*argv, env={"TOKSHUF_DEBUG": "1"})
+    assert r.returncode != 0 and "Traceback" in r.stderr and "tokshuf.exceptions." in r.stderr
+
+
+def test_rerun_with_absolute_paths_resumes(tmp_path):
+    """The issue's case: a build stopped part-way (here by a full disk) and run again with
+    absolute instead of relative paths is resumed, not refused as other inputs."""
+    three_files(tmp_path / "in")
+    relative = ["build", "-i", "in", "-o", "out", "--seqlen", "32", "--chunk-size", "8", "--no-progress"]
+    r = run(*relative, cwd=tmp_path, env={"TOKSHUF_TEST_FAIL_AFTER_BYTES": "60000"})
+    assert_one_line_error(r, "no space left on device")
+    absolute = ["build", "-i", str(tmp_path / "in"), "-o", str(tmp_path / "out")] + relative[5:]
+    r = run(*absolute)
+    assert r.returncode == 0, r.stderr
+    assert run(*absolute[:4], str(tmp_path / "clean"), *absolute[5:]).returncode == 0
+    from support.cache import assert_same_cache
+
+    assert_same_cache(tmp_path / "out", tmp_path / "clean")
+
+
+# --- progress on a terminal ---------------------------------------------------------------
+
+BAR = r"\[[=> ]{30}\]"
+RATES = r"\d+\.\d MB/s \| \d+\.\d\d Mtok/s"
+
+
+def build_on_tty(tmp_path, *extra, **kw):
+    from support.terminal import run_on_tty
+
+    sample = Path(__file__).parent / "data" / "sample"
+    argv = [sys.executable, "-m", "tokshuf", "build", "-i", str(sample), "-o", str(tmp_path / "out")]
+    return run_on_tty([*argv, "--seqlen", "64", "--chunk-size", "64", *extra], width=100, **kw)
+
+
+def test_progress_leaves_each_stage_in_its_final_state(tmp_path):
+    # Slow stages, so the bars are redrawn many times with lines of changing length.
+    r = build_on_tty(tmp_path, env={"TOKSHUF_TEST_SLOW": "stage1.file:300,stage2.shard:10"})
+    assert r.returncode == 0, r.stderr
+    screen = r.screen(100)
+    assert len(screen) == 2, screen
+    assert re.fullmatch(rf"tokenize {BAR} 3/3 files \| {RATES} \| \d+s", screen[0]), screen[0]
+    n = json.loads((tmp_path / "out" / "tokshuf.json").read_text())["num_chunks"]
+    assert re.fullmatch(rf"write    {BAR} {n}/{n} chunks \| {RATES} \| \d+s", screen[1]), screen[1]
+    assert screen[0].count("=") == 30 and screen[1].count("=") == 30
+    assert r.stderr.count(b"\r") > 4  # redrawn in place
+    # The summary went to stdout: `build ... > build.log` from a terminal keeps it.
+    assert r.stdout.startswith(f"tokshuf: {tmp_path / 'out'} (complete)")
+
+
+def test_ctrl_c_message_has_a_line_of_its_own(tmp_path):
+    r = build_on_tty(
+        tmp_path,
+        env={"TOKSHUF_TEST_SLOW": "stage1.file:1500"},
+        interrupt_when=lambda out: b" 1/3 files" in out,
+    )
+    assert r.returncode == 130
+    screen = r.screen(100)
+    assert len(screen) == 2, screen
+    assert re.fullmatch(rf"tokenize {BAR} [12]/3 files \| {RATES} \| \d+s", screen[0]), screen[0]
+    assert screen[1] == "tokshuf: interrupted; run the same command again to resume"
+    assert r.stdout == ""
+
+
+def test_nothing_but_the_summary_when_stderr_is_not_a_terminal(tmp_path):
+    three_files(tmp_path / "in")
+    r = run("build", "-i", str(tmp_path / "in"), "-o", str(tmp_path / "o"), "--seqlen", "32")
+    assert r.returncode == 0 and r.stderr == ""
+    assert r.stdout.startswith("tokshuf: ")
+
+
+def test_ray_driver_draws_the_same_bars(tmp_path):
+    """The Ray engine's driver advances the core's bars (`_core.Progress`) as tasks finish."""
+    from support.terminal import run_on_tty
+
+    code = (
+        "from tokshuf import _core\n"
+        "bar = _core.Progress(True)\n"
+        "bar.stage('tokenize', 4, 'files')\n"
+        "for _ in range(4): bar.advance(1, 10_000_000, 2_000_000)\n"
+        "bar.stage('write', 2, 'chunks')\n"
+        "bar.advance(1, 5, 5)\n"
+        "bar.end()\n"
+        "_core.Progress(False).stage('hidden', 1, 'files')\n"
+    )
+    r = run_on_tty([sys.executable, "-c", code], width=100)
+    assert r.returncode == 0
+    screen = r.screen(100)
+    assert len(screen) == 2, screen
+    assert re.fullmatch(rf"tokenize {BAR} 4/4 files \| {RATES} \| \d+s", screen[0]), screen[0]
+    assert re.fullmatch(rf"write    {BAR} 1/2 chunks \| {RATES} \| \d+s", screen[1]), screen[1]

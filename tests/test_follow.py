@@ -73,9 +73,10 @@ def assert_same(got: List[np.ndarray], want: List[np.ndarray]) -> None:
         assert g.shape == w.shape and np.array_equal(g, w), f"batch {k} differs"
 
 
-def test_follow_shuffled_build_from_stage_one(corpus, tmp_path):
+@pytest.mark.parametrize("fmt", ["npy", "blocks.zst"])
+def test_follow_shuffled_build_from_stage_one(corpus, tmp_path, fmt):
     out = tmp_path / "c"
-    b, release = gated_build(corpus, out, OPTS)
+    b, release = gated_build(corpus, out, dict(OPTS, format=fmt))
 
     def follow(rank: int, prefetch: int):
         # Opened while stage 1 has not even started: waits for the plan, then for each shard.

@@ -1,7 +1,8 @@
 """Whole caches pinned by golden hashes: every file of the cache (tokshuf.json without its
-``build`` key) for both tokenizer families, both member formats, stitch and pad, shuffled and
-streaming. The hashes were taken before the core was reorganised (issue 11); they change only
-with an intended format change."""
+``build`` key) for both tokenizer families, every member format, stitch and pad, shuffled and
+streaming. They change only with an intended format change: the shards and manifests are those
+of before the core was reorganised (issue 11); tokshuf.json changed once since, when input paths
+became relative to the inputs' common folder (issue 15: "in/a.jsonl" -> "a.jsonl")."""
 
 from __future__ import annotations
 
@@ -18,12 +19,16 @@ NEOX = str(DATA / "gpt-neox-20b.json")
 
 # (tokenizer, format, tail, shuffle) -> sha256 over every file of the cache.
 GOLDEN = {
-    ("neox", "npy", "stitch", True): "b3c213f62de6384027e724cdba8154eec71259cedc43f8cee4a1d8cc85c8f191",
-    ("neox", "json.gz", "pad", False): "d0c7145b88f39a24251cf68b40497dcd04c2611ab36b7f72682957ceabc4e669",
-    ("neox", "npy", "pad", True): "b2c278ae6c613506e0c27bf4f307320bfe64e880f286d01d619c79b393b4eba0",
-    ("cl100k", "npy", "pad", False): "a128ca1697d20f7360048be543cfebbeb7a6657b77d6ea603eb4b764fe834c9d",
-    ("cl100k", "json.gz", "stitch", True): "849ab8e650f95ac5d4dc0f64b7140bdd3ee6cad2b5112ea952fb020c27067697",
-    ("cl100k", "npy", "stitch", False): "64e3b7765d35c6acee6897789c684cd642ead30d7e47710284877b197ae9a28e",
+    ("neox", "npy", "stitch", True): "b5ebf9bd80f029d1d37ff3d726b029a10f2681c72ddaf550dc3534a152fa8bb3",
+    ("neox", "json.gz", "pad", False): "93da67e04ceb2f717f1bb27c15cb306355c5a71a8122d7b7dab4a51ed7e3839a",
+    ("neox", "npy", "pad", True): "2ffeb70ae19b43ab30490dd8247141fcfffaeb690b07a6113e7bcfe6a83e91c2",
+    ("cl100k", "npy", "pad", False): "ea6fd4d6807a59f43bdbf2e43e790a2432142538c00e05e768eda0d68bf25de9",
+    ("cl100k", "json.gz", "stitch", True): "aeb8e05ca89342e7f38035137d57b2dd3e9bcff6d3a0f28d78919b2e2a89b745",
+    ("cl100k", "npy", "stitch", False): "86745c4ece9a014983552b7e1adbc52f4b39bca1da684d7cda0ebefcedf5daa4",
+    # The block formats (issue 16), blocks of 3 contexts: chunks of 7 end in a short block.
+    ("neox", "blocks", "stitch", True): "7982b603313976e6febb7349f5d691275f6f1a191f023e83845a3f857f005095",
+    ("cl100k", "blocks.zst", "pad", False): "d6d45a23ffc96d275af6cfcc75fc9a3dec979a36cb2ba3adb6503a4467a275e1",
+    ("neox", "blocks.zst", "stitch", True): "9141405f1ab5cdde7c8011d5ab04944fd539519aa64bba5d368305747dbe5b7b",
 }
 
 
@@ -57,7 +62,7 @@ def cache_digest(cache: Path) -> str:
 @pytest.mark.parametrize("case", list(GOLDEN), ids=lambda c: "-".join(str(x) for x in c))
 def test_golden_cache(tmp_path, monkeypatch, case):
     tok, fmt, tail, shuffle = case
-    monkeypatch.chdir(tmp_path)  # relative input paths: tokshuf.json does not depend on tmp_path
+    monkeypatch.chdir(tmp_path)  # a relative tokenizer spec: tokshuf.json does not depend on tmp_path
     inputs = _corpus(tmp_path)
     shutil.copy(NEOX, tmp_path / "neox.json")  # a relative spec: tokshuf.json records it
     tokshuf.build_cache(
@@ -73,6 +78,7 @@ def test_golden_cache(tmp_path, monkeypatch, case):
         shuffle=shuffle,
         threads=2,
         progress=False,
+        **(dict(block_size=3) if fmt.startswith("blocks") else {}),
     )
     digest = cache_digest(tmp_path / "cache")
     assert digest == GOLDEN[case], digest

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
@@ -75,7 +74,7 @@ def test_cluster_is_multi_node_on_loopback(cluster: LocalCluster, record_propert
     assert not session.owned and len(session.nodes) == 3 and session.cpus == 3
     tasks = [_ray.Task(_ray.task_name("probe", i, 6, f"task {i}"), _where, (i,), 1) for i in range(6)]
     done = []
-    out = _ray.run_stage(session, "probe", tasks, _ray.Progress(False), lambda i, r: done.append(i))
+    out = _ray.run_stage(session, "probe", tasks, lambda i, r: done.append(i))
     assert sorted(done) == list(range(6))
     assert len(set(out.results)) >= 2, "tasks ran on one node only"
 
@@ -85,7 +84,7 @@ def test_failed_task_is_retried(cluster: LocalCluster, monkeypatch: pytest.Monke
     monkeypatch.setenv(_ray.FAULT_ENV, "flaky:1")
     session = _ray.connect("auto")
     tasks = [_ray.Task(f"flaky {i}", _flaky, (i,), 1) for i in range(3)]
-    out = _ray.run_stage(session, "flaky", tasks, _ray.Progress(False), lambda i, r: None)
+    out = _ray.run_stage(session, "flaky", tasks, lambda i, r: None)
     assert out.results == [0, 1, 4]
     assert out.retries == 1
 
@@ -95,7 +94,7 @@ def test_input_error_is_raised_with_its_type_not_retried(cluster: LocalCluster) 
     session = _ray.connect("auto")
     tasks = [_ray.Task(f"bad {i}", _bad_input, (i,), 1) for i in range(4)]
     with pytest.raises(InputError, match=r"^in2\.jsonl:7: invalid JSON$"):
-        _ray.run_stage(session, "bad", tasks, _ray.Progress(False), lambda i, r: None)
+        _ray.run_stage(session, "bad", tasks, lambda i, r: None)
 
 
 def _probe(work: str, paths: List[str], urls: List[str], _fault: bool = False) -> bool:
@@ -110,16 +109,16 @@ def test_a_node_that_cannot_see_or_reach_a_path_stops_the_build(cluster: LocalCl
     a node that fails is named in a ConfigError that stops the stage at once."""
     session = _ray.connect("auto")
     ok = [_ray.Task(f"ok {i}", _probe, (str(tmp_path), [str(tmp_path)], []), 1) for i in range(3)]
-    assert _ray.run_stage(session, "probe", ok, _ray.Progress(False), lambda i, r: None).results == [True] * 3
+    assert _ray.run_stage(session, "probe", ok, lambda i, r: None).results == [True] * 3
     missing = tmp_path / "not-shared"
     bad = [_ray.Task(f"bad {i}", _probe, (str(tmp_path), [str(missing)], []), 1) for i in range(3)]
     with pytest.raises(ConfigError, match=r"^node [0-9a-f]{8} \(.*\) cannot see .*not-shared.*storage every node sees"):
-        _ray.run_stage(session, "probe", bad, _ray.Progress(False), lambda i, r: None)
+        _ray.run_stage(session, "probe", bad, lambda i, r: None)
     # A store this node has no configuration for (no Azure account here): never contacted.
     url = "az://container/cache/tokshuf.json"
     unreachable = [_ray.Task("store", _probe, (str(tmp_path), [], [url]), 1)]
     with pytest.raises(ConfigError, match=r"cannot reach az://container/cache/tokshuf.json .*credentials and endpoint"):
-        _ray.run_stage(session, "probe", unreachable, _ray.Progress(False), lambda i, r: None)
+        _ray.run_stage(session, "probe", unreachable, lambda i, r: None)
     with pytest.raises(ConfigError, match="no Ray node has 2 CPUs"):
         _ray.build({"inputs": [], "output": str(tmp_path / "x")}, _ray.RayOptions(cpus_per_task=2), progress=False)
 
@@ -164,28 +163,6 @@ def test_engine_ray_without_ray_is_a_clear_error(monkeypatch: pytest.MonkeyPatch
     assert not (tmp_path / "c").exists()
 
 
-def test_progress_line_per_stage(monkeypatch: pytest.MonkeyPatch) -> None:
-    class Tty(io.StringIO):
-        def isatty(self) -> bool:
-            return True
-
-    err = Tty()
-    monkeypatch.setattr(sys, "stderr", err)
-    bar = _ray.Progress(True)
-    bar.start("tokenize", 4)
-    bar.advance(4, 8_000_000, 2_000_000)
-    bar.end()
-    bar.start("write", 2)
-    bar.end()
-    lines = err.getvalue().split("\n")
-    assert lines[0].startswith("\rtokenize: 0/4") and "\rtokenize: 4/4 | " in lines[0] and "Mtok/s" in lines[0]
-    assert lines[1].startswith("\rwrite: 0/2") and lines[2] == ""
-    quiet = _ray.Progress(False)
-    quiet.start("tokenize", 1)
-    quiet.end()
-    assert err.getvalue().count("\n") == 2
-
-
 def test_core_package_never_imports_ray(tmp_path: Path) -> None:
     data = Path(__file__).parent / "data" / "sample" / "kjv.jsonl"
     code = (
@@ -212,6 +189,16 @@ RECIPES = [
     pytest.param(dict(tokenizer=CL100K, format="npy", tail="pad", shuffle=True), (1, 1), id="cl100k-npy-pad-shuffled"),
     pytest.param(
         dict(tokenizer=CL100K, format="json.gz", tail="stitch", shuffle=False), (3, 4), id="cl100k-json-stitch-ordered"
+    ),
+    pytest.param(
+        dict(tokenizer=NEOX, format="blocks", block_size=5, tail="stitch", shuffle=True),
+        (1, 2),
+        id="neox-blocks-shuffled",
+    ),
+    pytest.param(
+        dict(tokenizer=CL100K, format="blocks.zst", block_size=6, tail="pad", shuffle=False),
+        (2, 3),
+        id="cl100k-blockszst-ordered",
     ),
 ]
 

@@ -66,9 +66,9 @@ def without_input_names(files: Dict[str, bytes]) -> Dict[str, bytes]:
     meta = json.loads(files["tokshuf.json"])
     for key in ("inputs",):
         for f in meta.get(key, []):
-            f["path"] = f["path"].rsplit("/", 1)[1]
+            f["path"] = f["path"].rsplit("/", 1)[-1]
     for f in meta["recipe"]["inputs"]:
-        f["path"] = f["path"].rsplit("/", 1)[1]
+        f["path"] = f["path"].rsplit("/", 1)[-1]
     return {**files, "tokshuf.json": json.dumps(meta).encode()}
 
 

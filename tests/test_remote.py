@@ -131,7 +131,8 @@ def test_mixed_local_and_s3_inputs_in_sorted_order(s3: S3, tmp_path: Path) -> No
     upload_all(s3, files[1:], "corpus")
     stats = tokshuf.build_cache([s3.url("corpus"), files[0]], tmp_path / "out", **OPTS)
     names = [f["path"] for f in stats.metadata["inputs"]]
-    assert names == sorted([str(files[0]), *(s3.url(f"corpus/{f.name}") for f in files[1:])])
+    # URLs as given, local files relative to their folder: sorted together.
+    assert names == sorted([files[0].name, *(s3.url(f"corpus/{f.name}") for f in files[1:])])
     with pytest.raises(tokshuf.InputNotFoundError, match="nothing"):
         tokshuf.build_cache(s3.url("nothing/"), tmp_path / "none", **OPTS)
 
@@ -189,6 +190,21 @@ def test_remote_cache_gives_the_local_batches_cold_and_warm_within_budget(
     # Under faults: the same batches.
     s3.faults(seed=5, rate=0.3, kinds=("drop", "slowdown", "reset"), match=every_get)
     assert batches(tokshuf.Cache(url, cache_dir=tmp_path / "faulty"), n) == want
+
+
+def test_remote_blocks_zst_cache_gives_the_local_batches(s3: S3, tmp_path: Path, small_corpus: list) -> None:
+    """Compressed blocks through a shard budget of two: evicted shards drop their decoded
+    blocks too, and every batch stays the local one."""
+    local = tmp_path / "local"
+    tokshuf.build_cache(small_corpus, local, format="blocks.zst", block_size=4, **OPTS)
+    sizes = [p.stat().st_size for p in local.glob("shard_*.tar")]
+    url = s3.url("caches/z")
+    tokshuf._core._storage_publish(str(local), url)
+    n = 2 * len(tokshuf.Cache(local)) // 8
+    want = batches(tokshuf.Cache(local), n)
+    proxy = s3.faults(seed=0, rate=0.0)
+    assert batches(tokshuf.Cache(url, cache_dir=tmp_path / "small", cache_limit=2 * max(sizes)), n) == want
+    assert shard_gets(proxy) > len(sizes)
 
 
 def test_remote_shard_altered_in_the_store_is_caught(s3: S3, tmp_path: Path, small_corpus: list) -> None:

@@ -196,3 +196,35 @@ def test_status_finds_the_work_folder_under_local_cell_dir(corpus, tmp_path, mon
     assert 0 < s["files_done"] < 4 and Path(s["work_dir"]).parent == cells
     tokshuf.build_cache(corpus, out, local_cell_dir=cells, **OPTS)
     assert list(cells.iterdir()) == []
+
+
+def test_the_same_build_spelled_otherwise_resumes(corpus, tmp_path, monkeypatch):
+    """Inputs named by relative paths, then through a symlinked folder by absolute ones, the
+    tokenizer by a relative then an absolute path: one build, resumed where it stopped, with
+    the bytes of an uninterrupted one; tokshuf.json names the inputs by their common folder."""
+    neox = tmp_path / "neox.json"
+    neox.write_bytes((Path(__file__).parent / "data" / "gpt-neox-20b.json").read_bytes())
+    monkeypatch.chdir(tmp_path)
+    relative = [os.path.relpath(p, tmp_path) for p in corpus]
+    assert relative[0] == os.path.join("in", "part0.jsonl")
+    stopped = run_to_pause(relative, Path("cache"), dict(OPTS, tokenizer="neox.json"), "stage1.file", tmp_path / "t0")
+    assert stopped == "stage1.file"  # killed once the first file was done
+    done = build_status(tmp_path / "cache")["files_done"]
+    assert done == 1
+
+    (tmp_path / "link").symlink_to(tmp_path / "in")
+    linked = [tmp_path / "link" / p.name for p in corpus]
+    trace = tmp_path / "trace.txt"
+    monkeypatch.setenv("TOKSHUF_TEST_TRACE", str(trace))
+    stats = tokshuf.build_cache(linked, tmp_path / "cache", **dict(OPTS, tokenizer=str(neox)))
+    # Only the files the first run left, and the stitched tails, were tokenized.
+    assert trace.read_text().splitlines().count("stage1.file") == len(corpus)  # 3 files + tails
+    assert [f["path"] for f in stats.metadata["inputs"]] == [p.name for p in corpus]
+    assert stats.metadata["build"]["input_root"] == str(tmp_path / "link")
+
+    trace.write_text("")
+    tokshuf.build_cache([str(p) for p in corpus], tmp_path / "cache", **dict(OPTS, tokenizer=str(neox)))
+    assert trace.read_text() == ""  # complete, whatever the spelling: nothing to do
+    monkeypatch.delenv("TOKSHUF_TEST_TRACE")
+    tokshuf.build_cache(corpus, tmp_path / "clean", **dict(OPTS, tokenizer=str(neox)))
+    assert_same_cache(tmp_path / "cache", tmp_path / "clean")

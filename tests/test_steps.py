@@ -127,13 +127,14 @@ def test_s3_inputs_into_s3_output(s3: S3, corpus: List[Path], tmp_path: Path) ->
 
 def test_a_node_with_another_tokenizer_or_version_is_refused(tmp_path: Path, corpus: List[Path]) -> None:
     args = step_args(corpus, tmp_path / "out")
-    recipe = json.loads(_core.BuildSteps(**args).recipe_json)
+    shipped = json.loads(_core.BuildSteps(**args).recipe_json)
+    recipe = shipped["recipe"]
     other = dict(recipe, tokenizer=dict(recipe["tokenizer"], sha256="0" * 64))
     with pytest.raises(tokshuf.ConfigError, match="same tokenizer file"):
-        _core.BuildSteps(recipe=json.dumps(other), **args)
+        _core.BuildSteps(recipe=json.dumps(dict(shipped, recipe=other)), **args)
     other = dict(recipe, tokshuf_version="0.0.1")
     with pytest.raises(tokshuf.ConfigError, match=r"the driver 0\.0\.1: install the same version"):
-        _core.BuildSteps(recipe=json.dumps(other), **args)
+        _core.BuildSteps(recipe=json.dumps(dict(shipped, recipe=other)), **args)
 
 
 WRITER = """

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import tokshuf
 from support.corpus import make_docs, write_jsonl
+from support.reader import FORMATS
 from tokshuf.__main__ import main
 
 SEQLEN = 64
@@ -26,14 +27,17 @@ def built(tmp_path_factory):
     root = tmp_path_factory.mktemp("verify")
     src = write_jsonl(root / "in" / "a.jsonl", make_docs(60, 11))
     caches = {}
-    for fmt in ("npy", "json.gz"):
+    for fmt in FORMATS:
         out = root / fmt
-        tokshuf.build_cache([src], out, seqlen=SEQLEN, chunk_size=CHUNK, threads=2, progress=False, format=fmt)
+        blocks = dict(block_size=5) if fmt.startswith("blocks") else {}  # chunks end in a short block
+        tokshuf.build_cache(
+            [src], out, seqlen=SEQLEN, chunk_size=CHUNK, threads=2, progress=False, format=fmt, **blocks
+        )
         caches[fmt] = out
     return caches
 
 
-@pytest.fixture(params=["npy", "json.gz"])
+@pytest.fixture(params=FORMATS)
 def cache(request, built, tmp_path):
     dst = tmp_path / "cache"
     shutil.copytree(built[request.param], dst)
@@ -127,6 +131,25 @@ def test_flipped_byte_in_json_member_found(built, tmp_path):
     shard = cache / "shard_00000001.tar"
     flip(shard, 512 + 30, 0xFF)  # inside the first member's gzip data
     assert "shard_00000001.tar: member 0" in problems(cache)
+
+
+def test_flipped_byte_in_zstd_block_found(built, tmp_path):
+    cache = tmp_path / "c"
+    shutil.copytree(built["blocks.zst"], cache)
+    flip(cache / "shard_00000001.tar", 512 + 200, 0xFF)  # inside the first block's frame
+    assert "shard_00000001.tar: member 0" in problems(cache)
+    with pytest.raises(tokshuf.CacheCorruptError, match=r"shard_00000001\.tar"):
+        tokshuf.Cache(cache)[:]  # the reader's own check: the frame's checksum or its size
+
+
+def test_id_out_of_vocabulary_in_a_block(built, tmp_path):
+    cache = tmp_path / "c"
+    shutil.copytree(built["blocks"], cache)
+    shard = cache / "shard_00000000.tar"
+    data = bytearray(shard.read_bytes())
+    data[512 + 128 + 2 * SEQLEN : 512 + 130 + 2 * SEQLEN] = (65535).to_bytes(2, "little")  # row 1 of block 0
+    shard.write_bytes(bytes(data))
+    assert "shard_00000000.tar: member 0: id 65535" in problems(cache)
 
 
 def test_id_out_of_vocabulary(npy_cache):

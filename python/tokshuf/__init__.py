@@ -33,6 +33,8 @@ _LAZY = {
     "Reader": "._reader",
     "document_boundaries": "._boundaries",
     "shift_targets": "._reader",
+    "UnpackedBatch": "._unpacked",
+    "UnpackedCache": "._unpacked",
     "verify": "._verify",
     "VerifyReport": "._verify",
 }
@@ -42,6 +44,7 @@ if TYPE_CHECKING:
     from ._boundaries import document_boundaries
     from ._cache import Cache
     from ._reader import Reader, shift_targets
+    from ._unpacked import UnpackedBatch, UnpackedCache
     from ._verify import VerifyReport, verify
 
 
@@ -79,6 +82,8 @@ __all__ = [
     "TokshufError",
     "TokshufIOError",
     "TokshufPermissionError",
+    "UnpackedBatch",
+    "UnpackedCache",
     "VerifyReport",
     "__version__",
     "build_cache",

@@ -25,7 +25,7 @@ Layouts (``B`` rows of ``L`` tokens):
 
 from __future__ import annotations
 
-from typing import Optional, Tuple, Union
+from typing import Literal, Optional, Tuple, Union
 
 import numpy as np
 
@@ -54,7 +54,11 @@ def _padding(batch: np.ndarray, eot_id: int, pad_id: Optional[int]) -> np.ndarra
 
 
 def document_boundaries(
-    batch: np.ndarray, *, eot_id: int, pad_id: Optional[int] = None, layout: str = "segment_ids"
+    batch: np.ndarray,
+    *,
+    eot_id: int,
+    pad_id: Optional[int] = None,
+    layout: Literal["segment_ids", "position_ids", "cu_seqlens"] = "segment_ids",
 ) -> Boundaries:
     """Where documents start in each row of ``batch`` (see the module notes for the rules).
 

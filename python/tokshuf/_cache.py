@@ -23,23 +23,26 @@ class Cache:
     :class:`tokshuf.CacheCorruptError` naming the file). No shard data is read until asked for;
     ``npy`` shards are memory-mapped, ``json.gz`` shards indexed by one scan of their headers.
 
-    ``check_files=False`` skips the stat of every shard at open (each shard's size is still
-    checked when it is first read): for caches of very many chunks opened often.
-
     ``len(cache)`` is the number of contexts; ``cache[i]`` is context ``i`` in manifest order
     (a 1-D array of the cache's dtype), ``cache[i:j]`` and :meth:`get_batch` give 2-D arrays.
 
-    ``follow=True`` opens a cache whose build is still running (docs/resume-and-follow.md):
-    opening waits for ``tokshuf.json`` (and, for a shuffled build, for its chunk plan); ``len``,
-    ``chunk_sizes`` and ``num_chunks`` wait for the plan; reads wait for their shards. Each wait
-    gives up after ``timeout`` seconds (None: no limit) with :class:`tokshuf.FollowTimeoutError`,
-    and at once with :class:`tokshuf.BuildNotRunningError` when no build is running and the cache
-    is not complete. On a complete cache ``follow=True`` changes nothing.
-
-    ``path`` may be an object-store URL (``s3://BUCKET/PREFIX``; docs/storage.md): whole shards
-    are downloaded into ``cache_dir`` (default: a folder in the system's temporary folder)
-    before use, checked against the manifest, and the least recently used are dropped to stay
-    within ``cache_limit`` bytes; a second open finds them there (warm).
+    Args:
+        path: the cache folder, or an object-store URL (``s3://BUCKET/PREFIX``;
+            docs/storage.md): whole shards are then downloaded into ``cache_dir`` before use,
+            checked against the manifest, and the least recently used dropped to stay within
+            ``cache_limit`` bytes; a second open finds them there (warm).
+        check_files: stat every shard at open (default). ``False`` checks each shard's size
+            when it is first read instead: for caches of very many chunks opened often.
+        follow: open a cache whose build is still running (docs/resume-and-follow.md): opening
+            waits for ``tokshuf.json`` (and, for a shuffled build, for its chunk plan); ``len``,
+            ``chunk_sizes`` and ``num_chunks`` wait for the plan; reads wait for their shards.
+            On a complete cache it changes nothing.
+        timeout: with ``follow``, seconds each wait may last (None: no limit) before
+            :class:`tokshuf.FollowTimeoutError`; with no build running and the cache not
+            complete, :class:`tokshuf.BuildNotRunningError` comes at once.
+        cache_dir: for a remote cache, the local folder of downloaded shards (default: a folder
+            in the system's temporary folder).
+        cache_limit: for a remote cache, the bytes ``cache_dir`` may hold (default: no limit).
     """
 
     def __init__(
@@ -124,6 +127,11 @@ class Cache:
     @property
     def chunk_size(self) -> int:
         return int(self._inner.chunk_size)
+
+    @property
+    def block_size(self) -> int:
+        """Contexts per tar member: 1, or ``block_size`` for the block formats."""
+        return int(self._inner.block_size)
 
     @property
     def num_chunks(self) -> int:

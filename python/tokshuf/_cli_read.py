@@ -50,12 +50,20 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
     q = sub.add_parser(
         "inspect",
-        help="print a cache's metadata and decode its first contexts",
-        description="Print a cache's tokshuf.json summary and its first contexts decoded back to text.",
+        help="print a cache's metadata, its length histogram, and decode its first contexts",
+        description="Print a cache's tokshuf.json summary, a histogram of the lengths of its documents "
+        "(for an unpacked cache: of every example, and the counts of each length bin), and its first "
+        "contexts decoded back to text.",
     )
     q.add_argument("cache", help="cache folder or URL")
     q.add_argument("--contexts", "-n", type=int, default=2, help="contexts to decode (default 2)")
     q.add_argument("--chars", type=int, default=300, help="characters of text shown per context")
+    q.add_argument(
+        "--sample",
+        type=int,
+        default=1000,
+        help="packed caches: contexts (manifest order) whose documents make the length histogram (default 1000)",
+    )
     q.set_defaults(func=_cmd_inspect)
 
 
@@ -98,10 +106,12 @@ def _cmd_read(args: argparse.Namespace) -> int:
     )
     total = hashlib.sha256()
     for n, slices in enumerate(itertools.islice(zip(*readers), args.steps)):
+        # An unpacked cache's batches: the padded ids (one width on every rank).
+        slices = tuple(getattr(x, "tokens", x) for x in slices)
         batch = slices[0]
         if args.global_:
             # Rank r holds examples first + r + j*world: interleave the slices back in order.
-            batch = np.empty((sum(len(x) for x in slices), reader.seqlen), dtype=np.int64)
+            batch = np.empty((sum(len(x) for x in slices), slices[0].shape[1]), dtype=np.int64)
             for r, x in enumerate(slices):
                 batch[r::world] = x
         digest = hashlib.sha256(np.ascontiguousarray(batch, dtype="<i8").tobytes()).hexdigest()
@@ -117,11 +127,16 @@ def _short(value: Any, limit: int = 100) -> str:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
+    import numpy as np
+
     from ._cache import Cache
     from ._core import Tokenizer
-    from .exceptions import TokshufError
+    from ._unpacked import UnpackedCache, is_unpacked
+    from .exceptions import ConfigError, TokshufError
 
-    cache = Cache(args.cache)
+    if args.contexts < 0 or args.sample < 0:
+        raise ConfigError("--contexts and --sample must be >= 0")
+    cache: Any = UnpackedCache(args.cache) if is_unpacked(args.cache) else Cache(args.cache)
     meta = cache.metadata
     print(f"{cache.path}")
     for key in (
@@ -137,6 +152,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         "num_documents",
         "num_tokens",
         "num_padding_tokens",
+        "packing",
         "seed",
         "shuffle",
         "tail",
@@ -151,18 +167,91 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     print(f"  {'inputs':<20}{len(meta.get('inputs', []))} files, {meta.get('bytes_in', 0):,} bytes")
     print(
         f"  {'ideal_readers':<20}{cache.ideal_readers}"
-        + ("" if "ideal_readers" in meta else " (default: min(64, chunks))")
+        + (
+            ""
+            if "ideal_readers" in meta
+            else f" (default: min(64, chunks{' of the largest bin' if isinstance(cache, UnpackedCache) else ''}))"
+        )
     )
     print(f"  {'fingerprint':<20}{cache.fingerprint}")
+    if isinstance(cache, UnpackedCache):
+        _print_bins(cache)
+        lengths = np.concatenate([cache.lengths(k) for k in range(len(cache.bins))])
+        print(_histogram(lengths, cache.seqlen, "example lengths (ids, with BOS/EOT), every example"))
+    else:
+        n = min(args.sample, len(cache))
+        lengths = _segment_lengths(cache, n)
+        what = "every" if n == len(cache) else f"the first {n:,} of {len(cache):,}"
+        print(_histogram(lengths, cache.seqlen, f"document lengths inside contexts (ids), {what} contexts"))
     try:
         decoder: Any = Tokenizer(tok["spec"])
     except (TokshufError, KeyError) as e:
         decoder = None
         print(f"  (cannot load tokenizer to decode: {e})")
     for i in range(min(args.contexts, len(cache))):
-        ids = [int(x) for x in cache[i]]
+        ids = [int(x) for x in (_nth_example(cache, i) if isinstance(cache, UnpackedCache) else cache[i])]
         print(f"--- context {i}: {ids[:12]}{' ...' if len(ids) > 12 else ''}")
         if decoder is not None:
             text = decoder.decode(ids)
             print(text[: args.chars] + (" [...]" if len(text) > args.chars else ""))
     return 0
+
+
+def _print_bins(cache: Any) -> None:
+    bins = cache.bins
+    total = max(1, sum(b["num_examples"] for b in bins))
+    print(f"  {'bins':<20}{len(bins)} length bins (sub-caches bin_KK/)")
+    print(f"    {'bin':<5}{'lengths':>13}{'examples':>12}{'share':>8}{'tokens':>15}{'chunks':>8}")
+    lo = 0
+    for k, b in enumerate(bins):
+        span = f"{lo + 1}..{b['max_len']}"
+        share = b["num_examples"] / total
+        print(f"    {k:<5}{span:>13}{b['num_examples']:>12,}{share:>8.1%}{b['num_tokens']:>15,}{b['num_chunks']:>8,}")
+        lo = b["max_len"]
+
+
+def _nth_example(cache: Any, i: int) -> Any:
+    """Example i counting through the bins in order, each in manifest order."""
+    for k, sizes in enumerate(cache.chunk_sizes):
+        for c, n in enumerate(sizes):
+            if i < n:
+                return cache.example(k, c, i)
+            i -= n
+    raise IndexError(i)
+
+
+def _segment_lengths(cache: Any, n: int) -> Any:
+    """Lengths of the documents (pieces between EOTs, padding left out) in the first n contexts."""
+    import numpy as np
+
+    from ._boundaries import document_boundaries
+
+    meta = cache.metadata
+    out = []
+    for start in range(0, n, 256):
+        batch = cache.get_batch(range(start, min(n, start + 256)), dtype="int64")
+        seg = document_boundaries(batch, eot_id=meta["eot_id"], pad_id=meta.get("pad_id"), layout="segment_ids")
+        for row in seg:
+            row = row[row >= 0]
+            out.append(np.bincount(row))
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+
+def _histogram(lengths: Any, seqlen: int, title: str, width: int = 40) -> str:
+    """Counts of lengths in power-of-two buckets [2^j, 2^(j+1)), the last one ending at seqlen."""
+    import numpy as np
+
+    lines = [f"  {title}: {len(lengths):,}"]
+    if len(lengths) == 0:
+        return lines[0]
+    edges = [1]
+    while edges[-1] * 2 <= seqlen:
+        edges.append(edges[-1] * 2)
+    edges.append(seqlen + 1)
+    counts, _ = np.histogram(lengths, bins=edges)
+    top = max(1, int(counts.max()))
+    for lo, hi, c in zip(edges, edges[1:], counts.tolist()):
+        lines.append(f"    {lo:>7}..{hi - 1:<7}{c:>10,}  {'#' * round(width * c / top)}")
+    q = np.percentile(lengths, [10, 50, 90])
+    lines.append(f"    mean {float(np.mean(lengths)):,.1f}, p10 {q[0]:,.0f}, median {q[1]:,.0f}, p90 {q[2]:,.0f}")
+    return "\n".join(lines)

@@ -1,7 +1,7 @@
 """Type stubs of the compiled module ``tokshuf._core`` (checked by ``mypy.stubtest``)."""
 
 import os
-from typing import Any, List, Optional, Tuple, Union
+from typing import Any, List, Literal, Optional, Tuple, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -15,8 +15,11 @@ __all__ = [
     "BuildSteps",
     "Cache",
     "Prefetcher",
+    "Progress",
     "ReaderCore",
     "Tokenizer",
+    "UnpackedCache",
+    "UnpackedReaderCore",
     "__version__",
     "_fast_char_classes",
     "_fast_pretokenize",
@@ -66,8 +69,31 @@ class BuildSteps:
     def release(self) -> None: ...
 
 @final
+class Progress:
+    """The build's progress bars on stderr (nothing when stderr is not a terminal)."""
+
+    def __new__(cls, enabled: bool = True) -> Progress: ...
+    def stage(self, name: str, total: int, unit: str) -> None: ...
+    def advance(self, units: int, bytes: int = 0, tokens: int = 0) -> None: ...
+    def end(self) -> None: ...
+
+@final
 class Tokenizer:
-    def __new__(cls, spec: str, allow_special_tokens: bool = False, backend: str = "auto") -> Tokenizer: ...
+    """A tokenizer exactly as builds use it: ``encode`` gives the ids a build writes.
+
+    Args:
+        spec: ``"tiktoken:r50k_base"``, ``"tiktoken:p50k_base"``, ``"tiktoken:cl100k_base"``,
+            ``"tiktoken:o200k_base"`` (embedded), a ``tokenizer.json`` or a folder holding one,
+            or ``"hf:ORG/NAME"`` from the local Hugging Face cache.
+        allow_special_tokens: encode special-token strings in the text as their control ids
+            (plain ``encode``); by default they are ordinary text.
+        backend: ``"auto"``, ``"fast"`` or ``"reference"`` (see ``build_cache``'s
+            ``tokenizer_backend``).
+    """
+
+    def __new__(
+        cls, spec: str, allow_special_tokens: bool = False, backend: Literal["auto", "fast", "reference"] = "auto"
+    ) -> Tokenizer: ...
     @property
     def spec(self) -> str: ...
     @property
@@ -162,6 +188,8 @@ class Cache:
     @property
     def chunk_size(self) -> int: ...
     @property
+    def block_size(self) -> int: ...
+    @property
     def chunk_sizes(self) -> List[int]: ...
     @property
     def default_ideal_readers(self) -> int: ...
@@ -200,7 +228,59 @@ class ReaderCore:
 
 @final
 class Prefetcher:
-    def next(self) -> Optional[Tuple[int, npt.NDArray[Any]]]: ...
+    def next(self) -> Optional[Tuple[int, Any]]: ...
+
+# (ids, lengths, bin, global_tokens) of one rank's slice of a global batch of an unpacked cache.
+_UnpackedRaw = Tuple[npt.NDArray[Any], npt.NDArray[np.int32], int, int]
+
+@final
+class UnpackedCache:
+    def __new__(cls, path: _StrPath, check_files: bool = True) -> UnpackedCache: ...
+    @property
+    def path(self) -> str: ...
+    @property
+    def metadata_json(self) -> str: ...
+    @property
+    def fingerprint(self) -> str: ...
+    @property
+    def seqlen(self) -> int: ...
+    @property
+    def default_ideal_readers(self) -> int: ...
+    @property
+    def bounds(self) -> List[int]: ...
+    @property
+    def chunk_sizes(self) -> List[List[int]]: ...
+    def lengths(self, bin: int) -> npt.NDArray[np.uint32]: ...
+    def example(self, bin: int, chunk: int, index: int) -> npt.NDArray[np.int64]: ...
+
+@final
+class UnpackedReaderCore:
+    def __new__(
+        cls,
+        cache: UnpackedCache,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        ideal_readers: int,
+        seed: int,
+        reshuffle: bool,
+        dtype: str,
+        pad_to: str,
+    ) -> UnpackedReaderCore: ...
+    def batch(self, first: int) -> _UnpackedRaw: ...
+    def locate(self, i: int) -> Tuple[int, int, int]: ...
+    def bin_of(self, b: int) -> Tuple[int, int]: ...
+    @property
+    def num_examples(self) -> Optional[int]: ...
+    @property
+    def end(self) -> Optional[int]: ...
+    @property
+    def end_pending(self) -> bool: ...
+    @property
+    def seqlen(self) -> int: ...
+    @property
+    def source_description(self) -> str: ...
+    def prefetch(self, first: int, threads: int, depth: int, every: int = 1) -> Prefetcher: ...
 
 def parse_line(line: bytes, key: str = "text") -> Tuple[str, Optional[str]]: ...
 def _fast_pretokenize(pattern: str, engine_name: str, text: str) -> Optional[List[str]]: ...

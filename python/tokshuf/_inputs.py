@@ -4,17 +4,27 @@ from __future__ import annotations
 
 import glob
 import os
-from typing import Iterable, List, Union
+from typing import Iterable, List, Optional, Sequence, Union
 
 from .exceptions import ConfigError, InputNotFoundError, TokshufIOError, TokshufPermissionError
 
 PathLike = Union[str, "os.PathLike[str]"]
 SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".jsonl.zstd")
+# Inputs of a shuffle-only build: tar shards of contexts.
+SHARD_SUFFIXES = (".tar",)
 URL_SCHEMES = ("s3://", "gs://", "az://")
 
 
-def is_input_name(name: str) -> bool:
-    return name.endswith(SUFFIXES)
+def input_suffixes(ext: Optional[str], shuffle_only: bool) -> Sequence[str]:
+    """The file names a directory is searched for: ``ext`` (``jsonl.zstd`` or ``.jsonl.zstd``,
+    tokshuf-rs's ``--ext``) if given, else those of the input kind."""
+    if ext:
+        return ("." + ext.lstrip("."),)
+    return SHARD_SUFFIXES if shuffle_only else SUFFIXES
+
+
+def is_input_name(name: str, suffixes: Sequence[str] = SUFFIXES) -> bool:
+    return name.endswith(tuple(suffixes))
 
 
 def _unlistable(err: OSError) -> None:
@@ -23,8 +33,9 @@ def _unlistable(err: OSError) -> None:
     raise cls(f"{err.filename}: cannot list directory: {err.strerror}") from err
 
 
-def _walk(root: str) -> Iterable[str]:
-    """Files under ``root``, following symlinks but never entering a directory twice."""
+def _walk(root: str, suffixes: Sequence[str]) -> Iterable[str]:
+    """Files under ``root`` named with one of ``suffixes``, following symlinks but never entering
+    a directory twice."""
     seen = set()
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True, onerror=_unlistable):
         real = os.path.realpath(dirpath)
@@ -34,13 +45,15 @@ def _walk(root: str) -> Iterable[str]:
         seen.add(real)
         dirnames.sort()
         for name in filenames:
-            if is_input_name(name):
+            if is_input_name(name, suffixes):
                 yield os.path.join(dirpath, name)
 
 
-def expand_inputs(inputs: Union[PathLike, Iterable[PathLike]]) -> List[str]:
+def expand_inputs(inputs: Union[PathLike, Iterable[PathLike]], suffixes: Sequence[str] = SUFFIXES) -> List[str]:
     """Files, directories (recursive), globs and object-store URLs (``s3://BUCKET/PREFIX``,
     recursive, or with a glob on keys) -> sorted list of input files (full URLs for objects).
+    Directories and prefixes are searched for names ending with one of ``suffixes``; a file
+    named directly is taken whatever its name.
 
     A file reachable twice (given twice, through a directory and a symlink, or by a hard
     link) is read once.
@@ -51,11 +64,11 @@ def expand_inputs(inputs: Union[PathLike, Iterable[PathLike]]) -> List[str]:
     for item in inputs:
         item = os.fspath(item)
         if item.startswith(URL_SCHEMES):
-            found.extend(_list_url(item))
+            found.extend(_list_url(item, suffixes))
         elif os.path.isdir(item):
-            files = list(_walk(item))
+            files = list(_walk(item, suffixes))
             if not files:
-                raise InputNotFoundError(f"{item}: directory holds no {', '.join(SUFFIXES)} files")
+                raise InputNotFoundError(f"{item}: directory holds no {', '.join(suffixes)} files")
             found.extend(files)
         elif os.path.exists(item):
             found.append(item)
@@ -81,7 +94,7 @@ def expand_inputs(inputs: Union[PathLike, Iterable[PathLike]]) -> List[str]:
     return sorted(unique.values())
 
 
-def _list_url(url: str) -> List[str]:
+def _list_url(url: str, suffixes: Sequence[str]) -> List[str]:
     """Input objects under a store prefix (recursively) or matching a glob on keys; a URL
     naming one object is taken whatever its name, like a local file."""
     from . import _core
@@ -89,9 +102,9 @@ def _list_url(url: str) -> List[str]:
     listed = [u for u, _ in _core._storage_list(url)]
     if listed == [url]:
         return listed
-    inputs = [u for u in listed if is_input_name(u)]
+    inputs = [u for u in listed if is_input_name(u, suffixes)]
     if not inputs:
-        raise InputNotFoundError(f"{url}: no {', '.join(SUFFIXES)} objects under this prefix or matching this pattern")
+        raise InputNotFoundError(f"{url}: no {', '.join(suffixes)} objects under this prefix or matching this pattern")
     return inputs
 
 

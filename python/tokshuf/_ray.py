@@ -17,7 +17,6 @@ import hashlib
 import json
 import os
 import socket
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -165,49 +164,6 @@ def span(items: Sequence[int], noun: str) -> str:
     return f"{noun} {items[0]}" if len(items) == 1 else f"{noun} {items[0]}-{items[-1]}"
 
 
-class Progress:
-    """One line per stage on stderr, advanced as tasks finish (the local engine's format)."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled and sys.stderr.isatty()
-        self.stage = ""
-        self.total = self.done = self.bytes = self.tokens = 0
-        self.t0 = self.last = time.monotonic()
-
-    def start(self, stage: str, total: int) -> None:
-        if self.enabled and self.stage:
-            sys.stderr.write("\n")
-        self.stage, self.total, self.done, self.bytes, self.tokens = stage, total, 0, 0, 0
-        self.t0 = time.monotonic()
-        self.draw(force=True)
-
-    def advance(self, units: int, nbytes: int = 0, tokens: int = 0) -> None:
-        self.done += units
-        self.bytes += nbytes
-        self.tokens += tokens
-        self.draw(force=False)
-
-    def end(self) -> None:
-        self.draw(force=True)
-        if self.enabled and self.stage:
-            sys.stderr.write("\n")
-        self.stage = ""
-
-    def draw(self, force: bool) -> None:
-        if not self.enabled or (not force and time.monotonic() - self.last < 0.2):
-            return
-        self.last = time.monotonic()
-        secs = max(self.last - self.t0, 1e-3)
-        eta = ""
-        if 0 < self.done < self.total:
-            eta = f", ETA {secs / self.done * (self.total - self.done):.0f}s"
-        sys.stderr.write(
-            f"\r{self.stage}: {self.done}/{self.total} | {self.bytes / 1e6 / secs:.1f} MB/s | "
-            f"{self.tokens / 1e6 / secs:.2f} Mtok/s | {secs:.0f}s{eta}   "
-        )
-        sys.stderr.flush()
-
-
 def _node_problems(paths: Sequence[str], urls: Sequence[str]) -> List[str]:
     """What keeps this node from taking part: ``paths`` it cannot see, ``urls`` it cannot reach."""
     from . import _core
@@ -280,7 +236,6 @@ def run_stage(
     session: Session,
     stage: str,
     tasks: List[Task],
-    progress: Progress,
     on_done: Callable[[int, Any], None],
     on_idle: Optional[Callable[[], None]] = None,
 ) -> StageResult:
@@ -458,7 +413,11 @@ def build(args: Dict[str, Any], options: RayOptions, progress: bool) -> Dict[str
         if done_meta is not None:
             return json.loads(done_meta)
         try:
-            return _run(session, steps, args, options, cpus, progress, t0, connect_s, (paths, urls))
+            bar = _core.Progress(progress)
+            try:
+                return _run(session, steps, args, options, cpus, bar, t0, connect_s, (paths, urls))
+            finally:
+                bar.end()  # an error's message then starts on a line of its own
         except BaseException:
             steps.release()
             raise
@@ -473,12 +432,11 @@ def _run(
     args: Dict[str, Any],
     options: RayOptions,
     cpus: int,
-    progress: bool,
+    bar: Any,
     t0: float,
     connect_s: float,
     probe: Probe,
 ) -> Dict[str, Any]:
-    bar = Progress(progress)
     slots = max(1, session.cpus // cpus)
     stages: Dict[str, StageResult] = {}
     # The recipe goes to the cluster once; every task gets a reference to it.
@@ -494,13 +452,13 @@ def _run(
         Task(task_name("stage1", i, len(groups), span(g, "files")), _stage1_task, (args, recipe, probe, g), cpus)
         for i, g in enumerate(groups)
     ]
-    bar.start("tokenize", len(sizes))
+    bar.stage("tokenize", len(sizes), "files")
     bar.advance(len(done))
 
     def on_stage1(i: int, result: List[Dict[str, int]]) -> None:
         bar.advance(len(result), sum(sizes[r["file"]] for r in result), sum(r["num_tokens"] for r in result))
 
-    stages["tokenize"] = run_stage(session, "stage1", tasks, bar, on_stage1)
+    stages["tokenize"] = run_stage(session, "stage1", tasks, on_stage1)
     bar.end()
 
     # The chunk plan, on the driver.
@@ -518,9 +476,9 @@ def _run(
             Task(task_name("regroup", i, len(groups), span(g, "files")), _regroup_task, (args, recipe, probe, g), cpus)
             for i, g in enumerate(groups)
         ]
-        bar.start("regroup", nspills)
+        bar.stage("regroup", nspills, "spills")
         stages["regroup"] = run_stage(
-            session, "regroup", tasks, bar, lambda i, files: bar.advance(len(files), sum(spill_sizes[f] for f in files))
+            session, "regroup", tasks, lambda i, files: bar.advance(len(files), sum(spill_sizes[f] for f in files))
         )
         bar.end()
 
@@ -537,7 +495,7 @@ def _run(
         )
         for i, (a, b) in enumerate(ranges)
     ]
-    bar.start("write", num_chunks)
+    bar.stage("write", num_chunks, "chunks")
     bar.advance(listed)
 
     def on_stage2(i: int, lines: List[str]) -> None:
@@ -545,7 +503,7 @@ def _run(
         parsed = [json.loads(line) for line in lines]
         bar.advance(len(lines), sum(p["bytes"] for p in parsed), sum(p["num_tokens"] for p in parsed))
 
-    stages["write"] = run_stage(session, "stage2", tasks, bar, on_stage2, steps.upload_manifest)
+    stages["write"] = run_stage(session, "stage2", tasks, on_stage2, steps.upload_manifest)
     bar.end()
 
     record = build_record(session, cpus, stages, t0)

@@ -5,21 +5,30 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Any, Dict, Iterator, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, Literal, Optional, Tuple, Union
 
 import numpy as np
 
 from ._blend import Blend
 from ._boundaries import LAYOUTS, Boundaries, document_boundaries
 from ._cache import Cache, PathLike, _dtype_name
+from ._unpacked import UnpackedCache, is_unpacked, make_batch
 from .exceptions import ConfigError, StateMismatchError
 
 STATE_VERSION = 1
+
 _MAX_EXAMPLE = 1 << 62
 
 
 def shift_targets(batch: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-    """``(inputs, targets)`` for next-token training: ``batch[:, :-1]`` and ``batch[:, 1:]``."""
+    """Split contexts for next-token training.
+
+    Args:
+        batch: ``(B, seqlen)`` ids.
+
+    Returns:
+        ``(inputs, targets)``: ``batch[:, :-1]`` and ``batch[:, 1:]`` (views, no copy).
+    """
     return batch[:, :-1], batch[:, 1:]
 
 
@@ -40,26 +49,51 @@ class Reader:
     blended example ``m`` (docs/format.md §7) takes the place of ``example[m]``: everything below,
     seek and state included, works the same.
 
-    ``ideal_readers`` is R*, which fixes the order: keep it when the number of GPUs changes.
-    Default: the cache's ``ideal_readers`` key if present, else min(64, number of chunks); for
-    a blend, the smallest of its caches' defaults (the same R* orders every component).
-    ``seed`` (default 0) and ``reshuffle`` choose the chunk and context permutations of epochs
-    >= 1. A blend carries its own seed: leave ``seed`` out (or give the same value).
-    A single pass over a blend lasts until every example of every cache was read once; smaller
-    caches wrap around meanwhile (see :meth:`tokshuf.Blend.single_pass_length`).
-    ``prefetch`` batches are read ahead on ``threads`` background threads, started on the first
-    batch (never at construction) and restarted after a fork.
+    An unpacked cache (``packing="none"``, :class:`tokshuf.UnpackedCache`) yields
+    :class:`tokshuf.UnpackedBatch` tuples ``(tokens, lengths, attention_mask, bin, num_tokens)``:
+    every global batch comes from one length bin, bins drawn in proportion to their example
+    counts by the blend schedule (docs/format.md §4.2); ``tokens`` is padded to the longest
+    example of the global batch (``pad_to="longest"``, the same width on every rank) or to the
+    bin's bound (``pad_to="bin"``). Reading and seeking go by whole batches (an example index
+    must be a multiple of ``batch_size``); ``tokens_seen`` counts the real ids of the global
+    batches read since construction or :meth:`load_state_dict`. ``single_pass``,
+    ``boundaries``, ``follow`` and blends do not apply to unpacked caches.
 
-    ``boundaries`` (``"segment_ids"``, ``"position_ids"`` or ``"cu_seqlens"``) makes every
-    batch a pair ``(batch, boundaries)``: where each document starts in each context, computed
-    from the EOT ids (see :func:`tokshuf.document_boundaries`), for attention masks that keep
-    packed documents apart.
-
-    ``follow=True`` reads a cache while its build runs (see :class:`tokshuf.Cache`): the
-    batches are exactly those of the finished cache, each waiting until the shards (and, for a
-    ``shuffle=False`` build, the manifest lines or the plan) it needs exist, at most ``timeout``
-    seconds per wait. While the end of a single pass is not known, ``num_examples`` and
-    ``num_steps`` are None. States saved while following load on the finished cache.
+    Args:
+        cache: a :class:`tokshuf.Cache`, a cache path (local or an object-store URL), a
+            :class:`tokshuf.Blend`, or an unpacked cache (:class:`tokshuf.UnpackedCache`).
+        batch_size: the global batch size ``B``, divisible by ``world_size``.
+        rank: this reader's rank, ``0 <= rank < world_size``.
+        world_size: the number of ranks reading the global batches.
+        ideal_readers: R*, which fixes the order: keep it when the number of GPUs changes.
+            Default: the cache's ``ideal_readers`` key if present, else min(64, number of
+            chunks); for a blend, the smallest of its caches' defaults (the same R* orders every
+            component).
+        seed: the seed of the chunk and context permutations of epochs >= 1 (default 0). A
+            blend carries its own seed: leave ``seed`` out (or give the same value).
+        single_pass: read every context once, in manifest order, then stop (evaluation). A
+            single pass over a blend lasts until every example of every cache was read once;
+            smaller caches wrap around meanwhile (:meth:`tokshuf.Blend.single_pass_length`).
+        reshuffle: permute chunks and contexts in epochs >= 1 (default), or repeat epoch 0.
+        drop_last: in a single pass, drop a last batch shorter than ``batch_size``.
+        start_step: the first global batch to read (as :meth:`seek` with ``step``).
+        prefetch: batches read ahead on background threads (0: read on demand). The threads
+            start on the first batch, never at construction, and restart after a fork.
+        threads: read-ahead threads (default: min(4, prefetch, cores)).
+        dtype: the dtype of the batches.
+        follow: read a cache while its build runs (see :class:`tokshuf.Cache`): the batches are
+            exactly those of the finished cache, each waiting until the shards (and, for a
+            ``shuffle=False`` build, the manifest lines or the plan) it needs exist. While the
+            end of a single pass is not known, ``num_examples`` and ``num_steps`` are None.
+            States saved while following load on the finished cache.
+        timeout: with ``follow``, seconds to wait for each missing piece (None: no limit)
+            before :class:`tokshuf.FollowTimeoutError`.
+        boundaries: ``"segment_ids"``, ``"position_ids"`` or ``"cu_seqlens"`` makes every batch
+            a pair ``(batch, boundaries)``: where each document starts in each context,
+            computed from the EOT ids (see :func:`tokshuf.document_boundaries`), for attention
+            masks that keep packed documents apart.
+        pad_to: for an unpacked cache, ``"longest"`` (default: the longest example of the
+            global batch) or ``"bin"`` (the bin's bound).
     """
 
     def __init__(
@@ -77,10 +111,11 @@ class Reader:
         start_step: int = 0,
         prefetch: int = 4,
         threads: Optional[int] = None,
-        dtype: Union[str, np.dtype, type] = "int32",
+        dtype: Union[Literal["int32", "int64", "uint16", "uint32"], np.dtype, type] = "int32",
         follow: bool = False,
         timeout: Optional[float] = None,
-        boundaries: Optional[str] = None,
+        boundaries: Optional[Literal["segment_ids", "position_ids", "cu_seqlens"]] = None,
+        pad_to: Optional[Literal["longest", "bin"]] = None,
     ) -> None:
         if boundaries is not None and boundaries not in LAYOUTS:
             raise ConfigError(f"boundaries={boundaries!r}: expected one of {', '.join(LAYOUTS)} or None")
@@ -101,10 +136,27 @@ class Reader:
         self._dtype = _dtype_name(dtype)
         if follow and isinstance(cache, Blend):
             raise ConfigError("follow=True reads one cache while it is built, not a blend")
-        if isinstance(cache, (Cache, Blend)):
+        if isinstance(cache, (Cache, Blend, UnpackedCache)):
             self._source = cache
+        elif is_unpacked(cache):
+            if follow:
+                raise ConfigError("follow=True does not read unpacked (packing='none') caches: wait for the build")
+            self._source = UnpackedCache(cache)
         else:
             self._source = Cache(cache, follow=bool(follow), timeout=timeout)
+        self._unpacked = isinstance(self._source, UnpackedCache)
+        self._tokens_seen = 0
+        if self._unpacked:
+            for name, given in (("single_pass", self._single_pass), ("boundaries", boundaries is not None)):
+                if given:
+                    raise ConfigError(f"{name} does not apply to an unpacked (packing='none') cache")
+            if pad_to is None:
+                pad_to = "longest"
+            if pad_to not in ("longest", "bin"):
+                raise ConfigError(f"pad_to={pad_to!r}: expected 'longest' or 'bin'")
+        elif pad_to is not None:
+            raise ConfigError("pad_to is an option of unpacked (packing='none') caches")
+        self._pad_to = pad_to
         if isinstance(self._source, Blend):
             if seed is not None and seed != self._source.seed:
                 raise ConfigError(
@@ -125,6 +177,17 @@ class Reader:
         self.seek(step=start_step)
 
     def _make_core(self) -> Any:
+        if isinstance(self._source, UnpackedCache):
+            return self._source._make_unpacked_core(
+                self._batch_size,
+                self._rank,
+                self._world_size,
+                self._ideal_readers,
+                self._seed,
+                self._reshuffle,
+                self._dtype,
+                self._pad_to or "longest",
+            )
         return self._source._make_reader_core(
             self._batch_size,
             self._rank,
@@ -139,7 +202,13 @@ class Reader:
 
     # ---- options --------------------------------------------------------------------------
     @property
-    def cache(self) -> Union[Cache, Blend]:
+    def tokens_seen(self) -> int:
+        """Unpacked caches: real ids of the global batches read since construction or
+        :meth:`load_state_dict` (0 for packed caches, where it is ``step * batch_size * seqlen``)."""
+        return self._tokens_seen
+
+    @property
+    def cache(self) -> Union[Cache, Blend, UnpackedCache]:
         """The cache or blend read."""
         return self._source
 
@@ -200,7 +269,9 @@ class Reader:
         end = self._core.end
         return end is None or first < end
 
-    def boundaries_of(self, batch: np.ndarray, layout: Optional[str] = None) -> Boundaries:
+    def boundaries_of(
+        self, batch: np.ndarray, layout: Optional[Literal["segment_ids", "position_ids", "cu_seqlens"]] = None
+    ) -> Boundaries:
         """Document boundaries of ``batch`` (a batch of this reader) in ``layout`` (default:
         the reader's ``boundaries``), with the cache's EOT and padding ids."""
         layout = layout or self._boundaries or "segment_ids"
@@ -213,7 +284,14 @@ class Reader:
 
     def __next__(self) -> Any:
         batch = self._next_batch()
+        if self._unpacked:
+            b = make_batch(batch)
+            self._tokens_seen += b.num_tokens
+            return b
         return batch if self._boundaries is None else (batch, self.boundaries_of(batch))
+
+    def _wrap(self, raw: Any) -> Any:
+        return make_batch(raw) if self._unpacked else raw
 
     def _next_batch(self) -> np.ndarray:
         if not (self._pf is not None and self._core.end_pending) and not self._has_batch(self._next):
@@ -253,7 +331,7 @@ class Reader:
                 at = first + k * every * self._batch_size
                 if not self._has_batch(at):
                     return
-                yield self._core.batch(at)
+                yield self._wrap(self._core.batch(at))
                 k += 1
             return
         pf = self._core.prefetch(first, self._threads, self._prefetch, every)
@@ -261,16 +339,17 @@ class Reader:
             got = pf.next()
             if got is None:
                 return
-            yield got[1]
+            yield self._wrap(got[1])
             k += 1
 
     def batch_at(self, step: int) -> np.ndarray:
         """This rank's slice of global batch ``step`` (random access; the position is unchanged)."""
         first = _int("step", step, 0) * self._batch_size
-        return self._core.batch(first)
+        return self._wrap(self._core.batch(first))
 
     def locate(self, example: int) -> Tuple[int, int, int]:
-        """(component, chunk, index inside the chunk's tar) of global example ``example``."""
+        """(component, chunk, index inside the chunk's tar) of global example ``example``; for
+        an unpacked cache the component is the length bin."""
         return tuple(self._core.locate(_int("example", example, 0)))  # type: ignore[return-value]
 
     # ---- seek and state -------------------------------------------------------------------
@@ -286,9 +365,16 @@ class Reader:
             first = _int("example", example, 0)
         else:
             t = _int("tokens", tokens, 0)
+            if self._unpacked:
+                raise ConfigError("seek(tokens=...) needs fixed-length contexts: seek an unpacked cache by step")
             if t % self.seqlen:
                 raise ConfigError(f"tokens={t} is not a multiple of seqlen {self.seqlen}")
             first = t // self.seqlen
+        if self._unpacked and first % self._batch_size:
+            raise ConfigError(
+                f"example {first} does not start a batch: batches of an unpacked cache each come from one bin, "
+                f"so seek to a multiple of batch_size {self._batch_size}"
+            )
         if first + self._batch_size > _MAX_EXAMPLE:
             raise ConfigError(f"example {first} is beyond the supported range (2**62)")
         self._next = first
@@ -327,6 +413,7 @@ class Reader:
             "options": self._options(),
             "world_size": self._world_size,
             "rank": self._rank,
+            **({"tokens_seen": self._tokens_seen} if self._unpacked else {}),
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
@@ -348,6 +435,7 @@ class Reader:
         if state.get("fingerprint") != self._fingerprint_with(state["cache"]):
             raise StateMismatchError("state was saved with another order definition (tokshuf version?)")
         self.seek(example=_int("next_example", state.get("next_example"), 0))
+        self._tokens_seen = _int("tokens_seen", state.get("tokens_seen", 0), 0)
 
     # ---- lifetime -------------------------------------------------------------------------
     def _close_prefetch(self) -> None:

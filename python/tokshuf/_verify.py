@@ -2,8 +2,9 @@
 
 Checks, in order: tokshuf.json (complete, known format, sane values), manifest.jsonl (strict
 shard names in chunk order, counts that add up to tokshuf.json), then every shard: size, tar
-layout (ustar headers, member names, fixed stride for npy), npy headers, every id below the
-vocabulary size, and with ``full=True`` the sha256 recorded in the manifest.
+layout (ustar headers, member names, fixed stride for npy), npy headers (2-D blocks of
+``block_size`` contexts for the block formats, decompressed for ``blocks.zst``), every id below
+the vocabulary size, and with ``full=True`` the sha256 recorded in the manifest.
 
 Only files named by a validated manifest line (``shard_NNNNNNNN.tar`` inside the folder) are
 ever opened; nothing is unpickled or executed, and no size read from a file is trusted before
@@ -33,13 +34,15 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import numpy as np
 
 from ._inputs import URL_SCHEMES
-from .exceptions import CacheCorruptError
+from .exceptions import CacheCorruptError, ConfigError
 
 TAR_BLOCK = 512
 SHARD_RE = re.compile(r"shard_[0-9]{8}")
 SHA_RE = re.compile(r"[0-9a-f]{64}")
 _SPACED_DIGITS = re.compile(rb"[0-9]\s+[0-9]")
 DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
+FORMATS = ("npy", "json.gz", "blocks", "blocks.zst")
+MAX_BLOCK_SIZE = 1 << 16
 ROWS_PER_BLOCK = 2048  # npy members checked at once: bounds memory whatever the chunk size
 MAX_REPORTED = 50
 
@@ -105,11 +108,16 @@ class VerifyReport:
 
 
 def verify(path: Union[str, os.PathLike[str]], full: bool = False) -> VerifyReport:
-    """Check the cache at ``path`` (a folder, or an object-store URL); ``full`` also hashes
-    every shard (reads every byte).
+    """Check the cache at ``path`` (a folder, or an object-store URL) against the format
+    (docs/bad-input.md says what is checked).
 
-    Returns a :class:`VerifyReport` (problems are reported, not raised; call
-    ``report.raise_if_bad()`` to turn them into a :class:`CacheCorruptError`).
+    Args:
+        path: the cache folder.
+        full: also hash every shard and compare it with the manifest's sha256 (reads every byte).
+
+    Returns:
+        A :class:`VerifyReport`: problems are reported, not raised; call
+        ``report.raise_if_bad()`` to turn them into a :class:`tokshuf.CacheCorruptError`.
     """
     text = os.fspath(path)
     if isinstance(text, str) and text.startswith(URL_SCHEMES):
@@ -121,6 +129,9 @@ def verify(path: Union[str, os.PathLike[str]], full: bool = False) -> VerifyRepo
         return report
     meta = _check_metadata(root, report)
     if meta is None:
+        return report
+    if meta.get("packing") == "none":
+        _verify_unpacked(root, meta, full, report)
         return report
     manifest = _check_manifest(root, meta, report)
     if manifest is None:
@@ -153,6 +164,10 @@ def _verify_remote(url: str, full: bool) -> VerifyReport:
         meta = _check_metadata(root, report)
         if meta is None:
             return report
+        if meta.get("packing") == "none":
+            raise ConfigError(
+                f"{url}: verifying an unpacked (packing='none') cache in a store is not supported; verify a local copy"
+            )
         manifest = _check_manifest(root, meta, report)
         if manifest is None:
             return report
@@ -211,8 +226,10 @@ def _check_metadata(root: Path, report: VerifyReport) -> Optional[Dict[str, Any]
         need_int(key, 0)
     if meta.get("dtype") not in DTYPES:
         report.problem(f"tokshuf.json: dtype {meta.get('dtype')!r} is not uint16 or uint32")
-    if meta.get("format") not in ("npy", "json.gz"):
-        report.problem(f"tokshuf.json: format {meta.get('format')!r} is not npy or json.gz")
+    if meta.get("format") not in FORMATS:
+        report.problem(f"tokshuf.json: format {meta.get('format')!r} is not one of {', '.join(FORMATS)}")
+    elif str(meta["format"]).startswith("blocks"):
+        need_int("block_size", 1, MAX_BLOCK_SIZE)
     if not isinstance(meta.get("shuffle"), bool):
         report.problem(f"tokshuf.json: shuffle is {meta.get('shuffle')!r}, expected true or false")
     tok = meta.get("tokenizer")
@@ -231,7 +248,10 @@ def _check_metadata(root: Path, report: VerifyReport) -> Optional[Dict[str, Any]
         need_int("bos_id", 0, vocab - 1)
     if meta["dtype"] == "uint16" and vocab > 1 << 16:
         report.problem(f"tokshuf.json: dtype uint16 cannot hold a vocabulary of {vocab}")
-    if meta["num_tokens"] + meta["num_padding_tokens"] != meta["num_contexts"] * meta["seqlen"]:
+    if meta.get("packing") == "none":
+        if meta["num_padding_tokens"] != 0:
+            report.problem(f"tokshuf.json: num_padding_tokens {meta['num_padding_tokens']} in an unpacked cache")
+    elif meta["num_tokens"] + meta["num_padding_tokens"] != meta["num_contexts"] * meta["seqlen"]:
         report.problem(
             f"tokshuf.json: num_tokens {meta['num_tokens']} + num_padding_tokens {meta['num_padding_tokens']} "
             f"!= num_contexts {meta['num_contexts']} x seqlen {meta['seqlen']}"
@@ -323,15 +343,21 @@ def _check_manifest(root: Path, meta: Dict[str, Any], report: VerifyReport) -> O
     return lines if len(report.problems) == bad else None
 
 
-def _check_folder(root: Path, manifest: List[Dict[str, Any]], report: VerifyReport) -> None:
+def _check_folder(
+    root: Path, manifest: List[Dict[str, Any]], report: VerifyReport, sidecars: bool = False, where: str = ""
+) -> None:
     known = {"tokshuf.json", "manifest.jsonl"} | {m["shard"] + ".tar" for m in manifest}
-    _warn_extra(sorted(n for n in os.listdir(root) if n not in known), report)
+    if sidecars:
+        known = (known - {"tokshuf.json"}) | {m["shard"] + ".idx" for m in manifest}
+    _warn_extra(sorted(n for n in os.listdir(root) if n not in known), report, where)
 
 
-def _warn_extra(extra: List[str], report: VerifyReport) -> None:
+def _warn_extra(extra: List[str], report: VerifyReport, where: str = "") -> None:
     if extra:
         shown = ", ".join(extra[:5]) + (", ..." if len(extra) > 5 else "")
-        report.warnings.append(f"{len(extra)} other entr{'ies' if len(extra) != 1 else 'y'} in the folder: {shown}")
+        report.warnings.append(
+            f"{where}{len(extra)} other entr{'ies' if len(extra) != 1 else 'y'} in the folder: {shown}"
+        )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -395,6 +421,8 @@ def _check_shard(
         with open(p, "rb") as f:
             if meta["format"] == "npy":
                 ok = _check_npy_shard(f, name, size, meta, k, line["num_sequences"], header, report)
+            elif meta["format"].startswith("blocks"):
+                ok = _check_blocks_shard(f, name, size, meta, k, line["num_sequences"], report)
             else:
                 ok = _check_json_shard(f, name, size, meta, k, line["num_sequences"], report)
     except OSError as e:
@@ -580,5 +608,203 @@ def _check_json_shard(f, name: str, size: int, meta: Dict[str, Any], k: int, n: 
     trailer = f.read(2 * TAR_BLOCK + 1)
     if trailer != bytes(2 * TAR_BLOCK):
         report.problem(f"{name}: does not end with exactly two zero blocks after member {n - 1}")
+        return False
+    return True
+
+
+# ------------------------------------------------------------------------------------------------
+# Unpacked caches (packing "none"): bin_KK/ sub-caches of members of their own lengths, each
+# shard with a .idx sidecar of member offsets (docs/format.md §4.2).
+
+
+def _verify_unpacked(root: Path, meta: Dict[str, Any], full: bool, report: VerifyReport) -> None:
+    bins = meta.get("bins")
+    keys = ("max_len", "num_chunks", "num_examples", "num_tokens")
+    if not (
+        isinstance(bins, list)
+        and 1 <= len(bins) <= 100
+        and all(isinstance(b, dict) and all(_is_int(b.get(x)) and b[x] >= 0 for x in keys) for b in bins)
+    ):
+        report.problem(
+            "tokshuf.json: bins is not a list of 1 to 100 objects with max_len, num_chunks, num_examples, num_tokens"
+        )
+        return
+    bounds = [b["max_len"] for b in bins]
+    if bounds[0] < 1 or any(a >= b for a, b in zip(bounds, bounds[1:])) or bounds[-1] != meta["seqlen"]:
+        report.problem(f"tokshuf.json: bin bounds {bounds} are not increasing up to seqlen {meta['seqlen']}")
+        return
+    for key, total in (("num_chunks", "num_chunks"), ("num_examples", "num_contexts"), ("num_tokens", "num_tokens")):
+        got = sum(b[key] for b in bins)
+        if got != meta[total]:
+            report.problem(f"tokshuf.json: the bins' {key} add up to {got}, {total} is {meta[total]}")
+    names = {f"bin_{k:02d}" for k in range(len(bins))}
+    extra = sorted(n for n in os.listdir(root) if n not in names | {"tokshuf.json"})
+    if extra:
+        report.warnings.append(f"{len(extra)} other entries in the folder: {', '.join(extra[:5])}")
+    for k, b in enumerate(bins):
+        where = f"bin_{k:02d}/"
+        sub = root / f"bin_{k:02d}"
+        if not sub.is_dir():
+            report.problem(f"{where}: missing")
+            continue
+        bin_meta = dict(meta, seqlen=b["max_len"], num_chunks=b["num_chunks"], num_contexts=b["num_examples"])
+        bin_meta.update(num_tokens=b["num_tokens"], chunk_sizes=None)
+        own = VerifyReport(path=str(sub), full=full)
+        manifest = _check_manifest(sub, bin_meta, own)
+        if manifest is not None:
+            _check_folder(sub, manifest, own, sidecars=True)
+            lo = bounds[k - 1] if k else 0
+            for c, line in enumerate(manifest):
+                _check_ragged_shard(sub, bin_meta, lo, c, line, full, own)
+        for text in own.problems:
+            report.problem(where + text)
+        report.omitted += own.omitted
+        report.warnings.extend(where + w for w in own.warnings)
+        report.num_shards += own.num_shards
+        report.num_contexts += own.num_contexts
+        report.num_bytes += own.num_bytes
+
+
+def _check_ragged_shard(
+    root: Path, meta: Dict[str, Any], lo: int, k: int, line: Dict[str, Any], full: bool, report: VerifyReport
+) -> None:
+    """One shard of a bin: members in order at the offsets its .idx sidecar lists, each a 1-D
+    npy array of lo < length <= the bin's bound, ids below the vocabulary size."""
+    name, n = f"{line['shard']}.tar", line["num_sequences"]
+    hi, dtype, vocab = meta["seqlen"], DTYPES[meta["dtype"]], meta["tokenizer"]["vocab_size"]
+    try:
+        data = (root / name).read_bytes() if (root / name).is_file() else None
+        idx_bytes = (root / f"{line['shard']}.idx").read_bytes()
+    except OSError as e:
+        report.problem(f"{name}: cannot read it or its .idx ({e})")
+        return
+    if data is None:
+        report.problem(f"{name}: missing or not a regular file")
+        return
+    size = len(data)
+    if "bytes" in line and size != line["bytes"]:
+        report.problem(f"{name}: {size} bytes, manifest says {line['bytes']}")
+        return
+    report.num_shards += 1
+    report.num_bytes += size
+    if len(idx_bytes) != 8 * (n + 1):
+        report.problem(f"{line['shard']}.idx: {len(idx_bytes)} bytes, expected {8 * (n + 1)} for {n} members")
+        return
+    offsets = np.frombuffer(idx_bytes, dtype="<u8").tolist()
+    pos, tokens = 0, 0
+    for i in range(n):
+        if offsets[i] != pos:
+            report.problem(f"{line['shard']}.idx: offset {i} is {offsets[i]}, member {i} starts at {pos}")
+            return
+        head = data[pos : pos + TAR_BLOCK]
+        problem = _check_tar_header(head, f"{k:08d}_{i:08d}.npy") if len(head) == TAR_BLOCK else "truncated"
+        if problem:
+            report.problem(f"{name}: member {i}: {problem}")
+            return
+        length = _parse_octal(head[124:136]) or 0
+        body = data[pos + TAR_BLOCK : pos + TAR_BLOCK + -(-length // TAR_BLOCK) * TAR_BLOCK]
+        if len(body) < length:
+            report.problem(f"{name}: member {i}: size {length} runs past the end of the file")
+            return
+        try:
+            f = io.BytesIO(body[:length])
+            if np.lib.format.read_magic(f) != (1, 0):
+                raise ValueError("not NumPy format 1.0")
+            shape, fortran, dt = np.lib.format.read_array_header_1_0(f)
+        except Exception as e:
+            report.problem(f"{name}: member {i}: npy header unreadable ({e})")
+            return
+        ids_at = f.tell()
+        if (
+            len(shape) != 1
+            or fortran
+            or dt != dtype
+            or not lo < shape[0] <= hi
+            or length - ids_at != shape[0] * dtype.itemsize
+        ):
+            report.problem(f"{name}: member {i}: shape {shape} dtype {dt}, expected 1-D {dtype} of {lo + 1}..{hi} ids")
+            return
+        if any(body[length:]):
+            report.problem(f"{name}: member {i}: padding after the ids is not zero")
+            return
+        ids = np.frombuffer(body[ids_at:length], dtype=dtype)
+        if ids.max() >= vocab:
+            report.problem(f"{name}: member {i}: id {int(ids.max())} >= vocab size {vocab}")
+            return
+        tokens += shape[0]
+        pos += TAR_BLOCK + len(body)
+    if offsets[n] != pos:
+        report.problem(f"{line['shard']}.idx: last offset {offsets[n]}, the members end at {pos}")
+        return
+    if data[pos:] != bytes(2 * TAR_BLOCK):
+        report.problem(f"{name}: does not end with exactly two zero blocks after member {n - 1}")
+        return
+    if "num_tokens" in line and line["num_tokens"] != tokens:
+        report.problem(f"{name}: {tokens} ids, manifest says num_tokens {line['num_tokens']}")
+        return
+    report.num_contexts += n
+    if full and "sha256" in line and hashlib.sha256(data).hexdigest() != line["sha256"]:
+        report.problem(f"{name}: sha256 differs from the manifest's")
+
+
+def _check_blocks_shard(f, name: str, size: int, meta: Dict[str, Any], k: int, n: int, report: VerifyReport) -> bool:
+    """A shard of 2-D npy members of ``block_size`` contexts (the last may hold fewer), each
+    zstd-compressed for ``blocks.zst``; members are walked one after the other."""
+    seqlen, dtype, vocab = meta["seqlen"], DTYPES[meta["dtype"]], meta["tokenizer"]["vocab_size"]
+    block, zst = meta["block_size"], meta["format"] == "blocks.zst"
+    pos = 0
+    for b, start in enumerate(range(0, n, block)):
+        rows = min(block, n - start)
+        member = f"{k:08d}_{b:08d}.npy" + (".zst" if zst else "")
+        head = f.read(TAR_BLOCK)
+        if len(head) < TAR_BLOCK:
+            report.problem(f"{name}: ends inside member {b} (truncated)")
+            return False
+        problem = _check_tar_header(head, member)
+        if problem:
+            report.problem(f"{name}: member {b}: {problem}")
+            return False
+        length = _parse_octal(head[124:136]) or 0
+        padded = -(-length // TAR_BLOCK) * TAR_BLOCK
+        if pos + TAR_BLOCK + padded > size:
+            report.problem(f"{name}: member {b}: size {length} runs past the end of the file")
+            return False
+        data = f.read(padded)
+        pos += TAR_BLOCK + padded
+        if any(data[length:]):
+            report.problem(f"{name}: member {b}: padding after the data is not zero")
+            return False
+        array_bytes = 256 + rows * seqlen * dtype.itemsize  # an npy header is far below 256 bytes
+        raw = data[:length]
+        if zst:
+            import zstandard
+
+            try:
+                raw = zstandard.ZstdDecompressor().decompress(raw, max_output_size=array_bytes)
+            except zstandard.ZstdError as e:
+                report.problem(f"{name}: member {b}: not a zstd frame of one block ({e})")
+                return False
+        try:
+            buf = io.BytesIO(raw)
+            np.lib.format.read_magic(buf)
+            shape, fortran, got = np.lib.format.read_array_header_1_0(buf)
+        except Exception as e:
+            report.problem(f"{name}: member {b}: npy header unreadable ({type(e).__name__}: {e})")
+            return False
+        if shape != (rows, seqlen) or fortran or got != dtype:
+            report.problem(
+                f"{name}: member {b}: npy header says shape {shape} dtype {got}, expected ({rows}, {seqlen}) {dtype}"
+            )
+            return False
+        ids = np.frombuffer(raw, dtype=dtype, offset=buf.tell())
+        if ids.size != rows * seqlen:
+            report.problem(f"{name}: member {b}: {ids.size} ids after the npy header, expected {rows * seqlen}")
+            return False
+        if ids.size and int(ids.max()) >= vocab:
+            report.problem(f"{name}: member {b}: id {int(ids.max())} >= vocab size {vocab}")
+            return False
+    trailer = f.read(2 * TAR_BLOCK + 1)
+    if trailer != bytes(2 * TAR_BLOCK):
+        report.problem(f"{name}: does not end with exactly two zero blocks after its last member")
         return False
     return True

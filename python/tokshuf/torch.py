@@ -24,6 +24,7 @@ except ImportError as e:  # pragma: no cover - exercised only without torch
 import numpy as np
 
 from ._reader import Reader
+from ._unpacked import UnpackedBatch
 
 __all__ = ["ReaderDataset"]
 
@@ -31,10 +32,14 @@ __all__ = ["ReaderDataset"]
 class ReaderDataset(IterableDataset):  # type: ignore[type-arg,misc]
     """An ``IterableDataset`` over a :class:`tokshuf.Reader`'s batches.
 
-    ``reader`` fixes the cache, rank, world size and options; its position when the dataset is
-    made (or loaded with :meth:`load_state_dict`) is where iteration starts. ``steps`` limits
-    the number of batches (None: endless, or to the end of a single pass). ``shift=True``
-    yields ``(inputs, targets)`` shifted by one token.
+    Over an unpacked cache it yields :class:`tokshuf.UnpackedBatch` tuples of tensors (``shift``
+    does not apply: shift ``tokens`` and mask the targets past each row's length yourself).
+
+    Args:
+        reader: fixes the cache, rank, world size and options; its position when the dataset
+            is made (or loaded with :meth:`load_state_dict`) is where iteration starts.
+        steps: the number of batches to yield (None: endless, or to the end of a single pass).
+        shift: yield ``(inputs, targets)`` shifted by one token instead of whole batches.
     """
 
     def __init__(self, reader: Reader, *, steps: Optional[int] = None, shift: bool = False) -> None:
@@ -59,6 +64,15 @@ class ReaderDataset(IterableDataset):  # type: ignore[type-arg,misc]
         for batch in self._reader._stream(first, every=workers, count=count):
             if info is None:
                 self._seen += 1
+            if isinstance(batch, UnpackedBatch):
+                yield UnpackedBatch(
+                    torch.from_numpy(batch.tokens),
+                    torch.from_numpy(batch.lengths),
+                    torch.from_numpy(batch.attention_mask),
+                    batch.bin,
+                    batch.num_tokens,
+                )
+                continue
             t = torch.from_numpy(batch)
             out = (t[:, :-1], t[:, 1:]) if self._shift else t
             if self._reader._boundaries is None:

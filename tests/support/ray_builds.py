@@ -52,6 +52,7 @@ def build_args(inputs: Sequence[Any], out: Any, **opts: Any) -> Dict[str, Any]:
         seed=opts.pop("seed", 0),
         text_key="text",
         format=opts.pop("format", "npy"),
+        block_size=opts.pop("block_size", None),
         tail=opts.pop("tail", "stitch"),
         eot_id=None,
         pad_id=None,

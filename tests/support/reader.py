@@ -13,6 +13,9 @@ import numpy as np
 
 from .hashref import DOMAIN_CHUNK_PERM, DOMAIN_CONTEXT_PERM, Permutation, combine, mix64  # noqa: F401
 
+# Every member format (docs/format.md §3).
+FORMATS = ["npy", "json.gz", "blocks", "blocks.zst"]
+
 
 # ---- the order, straight from its definition -----------------------------------------------
 def chunk_order(sizes: Sequence[int], cs: int, epoch: int, seed: int, reshuffle: bool) -> List[int]:
@@ -28,16 +31,32 @@ def chunk_order(sizes: Sequence[int], cs: int, epoch: int, seed: int, reshuffle:
     return out
 
 
-def context_order(size: int, chunk: int, epoch: int, seed: int, reshuffle: bool) -> List[int]:
+DOMAIN_BLOCKS = 0x626C6F636B73
+DOMAIN_ROWS = 0x726F7773
+
+
+def context_order(size: int, chunk: int, epoch: int, seed: int, reshuffle: bool, block: int = 1) -> List[int]:
+    """σ_{e,c} as a list. With ``block`` > 1 (blocks.zst caches) full blocks are permuted
+    among themselves and contexts within each block; a short last block stays last."""
     if epoch == 0 or not reshuffle:
         return list(range(size))
     key = combine(combine(combine(DOMAIN_CONTEXT_PERM, seed), epoch), chunk)
-    perm = Permutation(size, key)
-    return [perm.apply(j) for j in range(size)]
+    if block == 1:
+        perm = Permutation(size, key)
+        return [perm.apply(j) for j in range(size)]
+    full = size // block
+    blocks = Permutation(full, combine(key, DOMAIN_BLOCKS))
+    out = []
+    for j in range(size):
+        b, r = divmod(j, block)
+        to = blocks.apply(b) if b < full else b
+        rows = block if b < full else size - full * block
+        out.append(to * block + Permutation(rows, combine(combine(key, DOMAIN_ROWS), to)).apply(r))
+    return out
 
 
 def reference_examples(
-    sizes: Sequence[int], cs: int, r_star: int, seed: int, reshuffle: bool, count: int
+    sizes: Sequence[int], cs: int, r_star: int, seed: int, reshuffle: bool, count: int, block: int = 1
 ) -> List[Tuple[int, int]]:
     """example[i] = chunk_examples[i mod R*][i div R*] for i < count, as (chunk, index)."""
     n = len(sizes)
@@ -52,7 +71,7 @@ def reference_examples(
             if e not in orders:
                 orders[e] = chunk_order(sizes, cs, e, seed, reshuffle)
             c = orders[e][q]
-            out.extend((c, j) for j in context_order(sizes[c], c, e, seed, reshuffle))
+            out.extend((c, j) for j in context_order(sizes[c], c, e, seed, reshuffle, block))
             p += r_star
         streams.append(out)
     return [streams[i % r_star][i // r_star] for i in range(count)]
@@ -84,8 +103,9 @@ def reference_example_far(
 
 
 # ---- synthetic caches ----------------------------------------------------------------------
-def npy_header(descr: str, seqlen: int) -> bytes:
-    d = f"{{'descr': '{descr}', 'fortran_order': False, 'shape': ({seqlen},), }}"
+def npy_header(descr: str, seqlen: int, rows: Optional[int] = None) -> bytes:
+    shape = f"({seqlen},)" if rows is None else f"({rows}, {seqlen})"
+    d = f"{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}"
     total = -(-(10 + len(d) + 1) // 64) * 64
     body = d.encode() + b" " * (total - 10 - len(d) - 1) + b"\n"
     return b"\x93NUMPY\x01\x00" + (total - 10).to_bytes(2, "little") + body
@@ -117,10 +137,14 @@ def write_cache(
     extra: Optional[dict] = None,
     tag: Optional[int] = None,
     dtype: str = "uint32",
+    block_size: int = 3,
 ) -> Path:
     """A cache in the exact tokshuf layout whose context (c, i) holds `context_ids(c, i, tag)`
-    (ids modulo 2^16 for dtype uint16)."""
+    (ids modulo 2^16 for dtype uint16). ``fmt``: npy, json.gz, blocks or blocks.zst (members of
+    ``block_size`` contexts), written here independently of the core's writer."""
     import gzip
+
+    import zstandard
 
     root.mkdir(parents=True, exist_ok=True)
     descr = {"uint32": "<u4", "uint16": "<u2"}[dtype]
@@ -128,7 +152,15 @@ def write_cache(
     lines = []
     for c, n in enumerate(sizes):
         buf = io.BytesIO()
-        for i in range(n):
+        if fmt.startswith("blocks"):
+            for b, start in enumerate(range(0, n, block_size)):
+                rows = np.stack([context_ids(c, i, seqlen, tag) for i in range(start, min(n, start + block_size))])
+                payload = npy_header(descr, seqlen, len(rows)) + rows.astype(descr).tobytes()
+                if fmt == "blocks.zst":
+                    z = zstandard.ZstdCompressor(level=3, write_checksum=True, write_content_size=True)
+                    payload = z.compress(payload)
+                buf.write(_member(f"{c:08}_{b:08}.npy" + (".zst" if fmt == "blocks.zst" else ""), payload))
+        for i in range(0 if fmt.startswith("blocks") else n):
             ids = context_ids(c, i, seqlen, tag).astype(descr)
             if fmt == "npy":
                 buf.write(_member(f"{c:08}_{i:08}.npy", header + ids.tobytes()))
@@ -155,6 +187,8 @@ def write_cache(
         "chunk_sizes": list(sizes),
         "recipe": {"synthetic": True, "sizes": list(sizes)},
     }
+    if fmt.startswith("blocks"):
+        meta["block_size"] = block_size
     meta.update(extra or {})
     (root / "tokshuf.json").write_text(json.dumps(meta))
     return root

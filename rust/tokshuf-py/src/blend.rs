@@ -199,7 +199,7 @@ impl BlendSchedule {
         let (schedule, cs) = (self.inner.clone(), caches.clone());
         let source = py
             .detach(move || {
-                let orders = cs.iter().map(|c| cache_source(&c.sizes(), c.meta.chunk_size, opts, single_pass)).collect();
+                let orders = cs.iter().map(|c| cache_source(&c.sizes(), c.meta.chunk_size, c.order_block(), opts, single_pass)).collect();
                 BlendSource::new(schedule, orders)
             })
             .map_err(to_pyerr)?;

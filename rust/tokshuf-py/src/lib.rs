@@ -7,10 +7,12 @@ mod errors;
 mod fasttok;
 mod inputs;
 mod options;
+mod progress;
 mod reader;
 mod status;
 mod steps;
 mod storage;
+mod unpacked;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -139,7 +141,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     status::register(m)?;
     inputs::register(m)?;
     fasttok::register(m)?;
+    progress::register(m)?;
     storage::register(m)?;
     steps::register(m)?;
+    unpacked::register(m)?;
     Ok(())
 }

@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use tokshuf_core::build::BuildOptions;
+use tokshuf_core::format::InputKind;
 use tokshuf_core::tokenize::Backend;
 use tokshuf_core::Error;
 
@@ -87,6 +88,12 @@ pub fn build_options(d: Option<&Bound<'_, PyDict>>) -> PyResult<BuildOptions> {
         o.packing = v;
     }
     o.pack_window = get(d, "pack_window", uint)?;
+    o.bins = get(d, "bins", "a list of positive integers")?;
+    o.bin_size = get(d, "bin_size", uint)?;
+    o.block_size = get(d, "block_size", uint)?;
+    if get(d, "shuffle_only", "True or False")?.unwrap_or(false) {
+        o.input_kind = InputKind::Shards;
+    }
     for key in d.keys() {
         let key: String = key.extract()?;
         if !KNOWN.contains(&key.as_str()) {
@@ -96,7 +103,7 @@ pub fn build_options(d: Option<&Bound<'_, PyDict>>) -> PyResult<BuildOptions> {
     Ok(o)
 }
 
-const KNOWN: [&str; 25] = [
+const KNOWN: [&str; 29] = [
     "inputs",
     "output",
     "tokenizer",
@@ -122,4 +129,8 @@ const KNOWN: [&str; 25] = [
     "tokenizer_backend",
     "packing",
     "pack_window",
+    "bins",
+    "bin_size",
+    "block_size",
+    "shuffle_only",
 ];

@@ -12,11 +12,12 @@ use pyo3::prelude::*;
 use tokshuf_core::read::cache::{Cache, Id};
 use tokshuf_core::read::order::{OrderOptions, Source};
 use tokshuf_core::read::reader::{Batch, BatchSpec, Next, OutDtype, Prefetcher};
+use tokshuf_core::read::unpacked::{UnpackedBatch, UnpackedSpec};
 use tokshuf_core::Error;
 
 use crate::{run_detached, to_pyerr};
 
-fn to_numpy<'py>(py: Python<'py>, rows: usize, seqlen: usize, batch: Batch) -> PyResult<Bound<'py, PyAny>> {
+pub(crate) fn to_numpy<'py>(py: Python<'py>, rows: usize, seqlen: usize, batch: Batch) -> PyResult<Bound<'py, PyAny>> {
     fn arr<'py, T: numpy::Element>(py: Python<'py>, shape: (usize, usize), v: Vec<T>) -> PyResult<Bound<'py, PyAny>> {
         let a = Array2::from_shape_vec(shape, v).map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(e.to_string()))?;
         let out: Bound<'py, PyArray2<T>> = PyArray::from_owned_array(py, a);
@@ -113,14 +114,16 @@ impl PyCache {
     }
     #[getter]
     fn format(&self) -> &'static str {
-        match self.inner.meta.format {
-            tokshuf_core::format::Format::Npy => "npy",
-            tokshuf_core::format::Format::JsonGz => "json.gz",
-        }
+        self.inner.meta.format.name()
     }
     #[getter]
     fn chunk_size(&self) -> u64 {
         self.inner.meta.chunk_size
+    }
+    /// Contexts per tar member (1 but for the block formats).
+    #[getter]
+    fn block_size(&self) -> u64 {
+        self.inner.layout.block_size()
     }
     /// (Following a build: waits for the chunk plan.)
     #[getter]
@@ -151,10 +154,15 @@ impl PyCache {
         let seqlen = cache.seqlen();
         let batch = py
             .detach(move || -> tokshuf_core::Result<Batch> {
-                let locs = indices.iter().filter_map(|&i| cache.global_to_local(i));
-                fn fill<T: Id>(c: &Cache, l: impl Iterator<Item = (u64, u64)>, rows: usize) -> tokshuf_core::Result<Vec<T>> {
-                    let mut out = vec![T::default(); rows * c.seqlen()];
-                    c.read_many(l, &mut out).map(|_| out)
+                let locs: Vec<(u64, u64)> = indices.iter().filter_map(|&i| cache.global_to_local(i)).collect();
+                let locs = &locs[..];
+                fn fill<T: Id>(c: &Cache, l: &[(u64, u64)], rows: usize) -> tokshuf_core::Result<Vec<T>> {
+                    let n = rows * c.seqlen();
+                    let mut out = Vec::with_capacity(n);
+                    c.read_many(l, &mut out.spare_capacity_mut()[..n])?;
+                    // SAFETY: read_many wrote all n elements.
+                    unsafe { out.set_len(n) };
+                    Ok(out)
                 }
                 Ok(match dt {
                     OutDtype::U16 => Batch::U16(fill(&cache, locs, rows)?),
@@ -340,20 +348,50 @@ impl ReaderCore {
     #[pyo3(signature = (first, threads, depth, every=1))]
     fn prefetch(&self, first: u64, threads: usize, depth: usize, every: u64) -> PyResult<PyPrefetcher> {
         let p = Prefetcher::start(self.spec.clone(), first, every, threads, depth).map_err(to_pyerr)?;
-        Ok(PyPrefetcher { inner: Mutex::new(Some(p)), seqlen: self.spec.seqlen })
+        Ok(PyPrefetcher { inner: Mutex::new(Some(Ahead::Packed(p))), seqlen: self.spec.seqlen })
+    }
+}
+
+/// A prefetcher of either kind of reader.
+pub(crate) enum Ahead {
+    Packed(Prefetcher<BatchSpec>),
+    Unpacked(Prefetcher<UnpackedSpec>),
+}
+
+/// What a prefetcher handed out, before it becomes Python objects.
+enum Got {
+    Packed(usize, Batch),
+    Unpacked(UnpackedBatch),
+}
+
+impl Ahead {
+    fn next(&mut self, timeout: Duration) -> tokshuf_core::Result<Next<Got>> {
+        Ok(match self {
+            Ahead::Packed(p) => match p.next(timeout)? {
+                Next::Batch(at, (rows, b)) => Next::Batch(at, Got::Packed(rows, b)),
+                Next::End => Next::End,
+                Next::Timeout => Next::Timeout,
+            },
+            Ahead::Unpacked(p) => match p.next(timeout)? {
+                Next::Batch(at, b) => Next::Batch(at, Got::Unpacked(b)),
+                Next::End => Next::End,
+                Next::Timeout => Next::Timeout,
+            },
+        })
     }
 }
 
 /// Batches read ahead on background threads, handed out in order.
 #[pyclass(frozen, module = "tokshuf._core", name = "Prefetcher")]
 pub struct PyPrefetcher {
-    inner: Mutex<Option<Prefetcher>>,
-    seqlen: usize,
+    pub(crate) inner: Mutex<Option<Ahead>>,
+    pub(crate) seqlen: usize,
 }
 
 #[pymethods]
 impl PyPrefetcher {
-    /// `(first example, array)` of the next batch, or None at the end of a single pass.
+    /// `(first example, batch)` of the next batch, or None at the end of a single pass. The
+    /// batch is an array, or for an unpacked cache the tuple `UnpackedReaderCore.batch` gives.
     fn next<'py>(&self, py: Python<'py>) -> PyResult<Option<(u64, Bound<'py, PyAny>)>> {
         let taken = self.inner.try_lock().ok().and_then(|mut g| g.take());
         let Some(mut p) = taken else {
@@ -370,9 +408,13 @@ impl PyPrefetcher {
                     // On Ctrl-C the prefetcher is dropped; the Reader starts a new one next time.
                     py.check_signals()?;
                 }
-                Ok(Next::Batch(first, rows, b)) => {
+                Ok(Next::Batch(first, got)) => {
                     *self.inner.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
-                    return Ok(Some((first, to_numpy(py, rows, self.seqlen, b)?)));
+                    let out = match got {
+                        Got::Packed(rows, b) => to_numpy(py, rows, self.seqlen, b)?,
+                        Got::Unpacked(b) => crate::unpacked::to_python(py, b)?,
+                    };
+                    return Ok(Some((first, out)));
                 }
                 Ok(Next::End) => {
                     *self.inner.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);

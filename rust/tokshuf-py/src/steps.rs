@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use tokshuf_core::build::driver::{Begun, Driver, Steps};
-use tokshuf_core::format::{ManifestLine, Recipe};
+use tokshuf_core::build::driver::{Begun, Driver, Shipped, Steps};
+use tokshuf_core::format::ManifestLine;
 use tokshuf_core::Error;
 
 use crate::{options, run_detached, to_pyerr};
@@ -36,7 +36,7 @@ impl BuildSteps {
     #[pyo3(signature = (recipe=None, **options))]
     fn new(py: Python<'_>, recipe: Option<&str>, options: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
         let opts = options::build_options(options)?;
-        let recipe: Option<Recipe> =
+        let recipe: Option<Shipped> =
             recipe.map(|r| serde_json::from_str(r).map_err(|e| to_pyerr(Error::Config(format!("bad recipe: {e}"))))).transpose()?;
         let inner = run_detached(py, move |_| Steps::open(opts, recipe))?;
         Ok(BuildSteps { inner: Arc::new(inner), driver: Mutex::new(None) })
@@ -59,7 +59,7 @@ impl BuildSteps {
     /// The recipe as JSON, for `BuildSteps(recipe=...)` on other machines.
     #[getter]
     fn recipe_json(&self) -> String {
-        serde_json::to_string(self.inner.recipe()).unwrap_or_default()
+        serde_json::to_string(&self.inner.shipped()).unwrap_or_default()
     }
     fn input_sizes(&self) -> Vec<u64> {
         self.inner.input_sizes()

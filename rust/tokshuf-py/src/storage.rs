@@ -1,5 +1,6 @@
-//! Test-facing access to the storage layer (`tokshuf_core::storage`), so Python tests can
-//! drive it against a loopback S3 server. Not public API: the names start with `_storage`.
+//! The storage layer (`tokshuf_core::storage`) for Python: the tests drive it against a
+//! loopback S3 server, the CLI reads and writes DCLM dataset records through it (local or
+//! remote alike). Not public API: the names start with `_storage`.
 
 use std::io::Read;
 use std::path::PathBuf;

@@ -50,18 +50,36 @@ pub fn cell_sizes(pool: &rayon::ThreadPool, seed: u64, counts: &[u64], cells: u6
 }
 
 /// Contexts of cells `c0..c1`, each cell in id order then Fisher-Yates shuffled, concatenated.
+/// Holds nothing but the result (8 bytes a context: `budget::ID_BYTES`).
 pub fn shuffled_cells(pool: &rayon::ThreadPool, seed: u64, counts: &[u64], cells: u64, c0: u64, c1: u64, sizes: &[u64]) -> Vec<u64> {
-    let mut groups: Vec<Vec<u64>> = sizes.iter().map(|&n| Vec::with_capacity(n as usize)).collect();
+    let mut out = vec![0u64; sizes.iter().sum::<u64>() as usize];
+    let mut next: Vec<usize> = sizes
+        .iter()
+        .scan(0usize, |at, &n| {
+            let start = *at;
+            *at += n as usize;
+            Some(start)
+        })
+        .collect();
     for (f, &n) in counts.iter().enumerate() {
         for p in 0..n {
             let c = hash::cell_hash(seed, f as u64, p) % cells;
             if c >= c0 && c < c1 {
-                groups[(c - c0) as usize].push(pack(f, p));
+                let at = &mut next[(c - c0) as usize];
+                out[*at] = pack(f, p);
+                *at += 1;
             }
         }
     }
+    let mut parts: Vec<&mut [u64]> = Vec::with_capacity(sizes.len());
+    let mut rest = &mut out[..];
+    for &n in sizes {
+        let (cell, tail) = rest.split_at_mut(n as usize);
+        parts.push(cell);
+        rest = tail;
+    }
     pool.install(|| {
-        groups.par_iter_mut().enumerate().for_each(|(i, g)| hash::fisher_yates(g, &mut hash::cell_rng(seed, c0 + i as u64)));
+        parts.par_iter_mut().enumerate().for_each(|(i, g)| hash::fisher_yates(g, &mut hash::cell_rng(seed, c0 + i as u64)));
     });
-    groups.concat()
+    out
 }

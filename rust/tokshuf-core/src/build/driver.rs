@@ -52,9 +52,18 @@ const CHUNK_PLAN: &str = "chunks.json";
 pub struct Steps {
     opts: BuildOptions,
     recipe: Recipe,
+    /// The folder the recipe's local input paths are relative to (`steps::Job::input_root`).
+    input_root: Option<PathBuf>,
     cfg: Arc<Stage1Config>,
     out: Place,
     work: Place,
+}
+
+/// The recipe as the driver made it, sent to every task so that none lists the inputs again.
+#[derive(Serialize, Deserialize)]
+pub struct Shipped {
+    pub recipe: Recipe,
+    pub input_root: Option<PathBuf>,
 }
 
 /// The driver's state between `begin` and `finish`.
@@ -129,25 +138,34 @@ impl Steps {
     /// Load the tokenizer (once per process) and take the build's recipe: `recipe` as the driver
     /// made it (a task: no input file is listed or sized again), else made from `opts`. No
     /// side effect.
-    pub fn open(opts: BuildOptions, recipe: Option<Recipe>) -> Result<Steps> {
+    pub fn open(opts: BuildOptions, shipped: Option<Shipped>) -> Result<Steps> {
         opts.validate()?;
+        if opts.packing.is_unpacked() {
+            // Its steps differ after stage 1 (one chunk plan and manifest per bin).
+            return Err(Error::Config(
+                "engine=\"ray\" does not build packing=\"none\" caches yet; build them with the local engine".into(),
+            ));
+        }
         let tok = load_tokenizer(&opts)?;
-        let recipe = match recipe {
-            Some(r) if r.tokshuf_version != format::VERSION => {
+        let Shipped { recipe, input_root } = match shipped {
+            Some(Shipped { recipe: r, .. }) if r.tokshuf_version != format::VERSION => {
                 return Err(Error::Config(format!(
                     "this machine runs tokshuf {}, the driver {}: install the same version on every node",
                     format::VERSION,
                     r.tokshuf_version
                 )))
             }
-            Some(r) if r.tokenizer.sha256 != tok.sha256 || r.tokenizer.backend != tok.backend => {
+            Some(Shipped { recipe: r, .. }) if r.tokenizer.sha256 != tok.sha256 || r.tokenizer.backend != tok.backend => {
                 return Err(Error::Config(format!(
                     "{}: this machine's tokenizer is not the driver's ({} {}, here {} {}); every node needs the same tokenizer file",
                     tok.spec, r.tokenizer.backend, r.tokenizer.sha256, tok.backend, tok.sha256
                 )))
             }
-            Some(r) => r,
-            None => plan::recipe(&opts, &tok)?,
+            Some(s) => s,
+            None => {
+                let (recipe, input_root) = plan::recipe(&opts, &tok)?;
+                Shipped { recipe, input_root }
+            }
         };
         let scratch = opts.local_cell_dir.clone().unwrap_or_else(std::env::temp_dir);
         let out = Place::new(&opts.output, &scratch)?;
@@ -156,7 +174,7 @@ impl Steps {
             Place::Store { .. } => out.child(WORK_NAME),
         };
         let cfg = steps::stage1_config(&recipe, &tok);
-        Ok(Steps { opts, recipe, cfg, out, work })
+        Ok(Steps { opts, recipe, input_root, cfg, out, work })
     }
 
     /// The work folder (a path or a URL).
@@ -170,10 +188,20 @@ impl Steps {
         self.recipe.inputs.iter().map(|f| f.bytes).collect()
     }
 
+    /// What `BuildSteps(recipe=...)` on another machine needs: the recipe and its input root.
+    pub fn shipped(&self) -> Shipped {
+        Shipped { recipe: self.recipe.clone(), input_root: self.input_root.clone() }
+    }
+
+    /// Where the input files are on this machine.
+    fn inputs(&self) -> Vec<PathBuf> {
+        steps::input_paths(&self.recipe, self.input_root.as_deref())
+    }
+
     /// A job whose work folder is `work` (the shared one, or a step's own scratch folder).
     fn job(&self, work: &Path) -> Job {
         let out = self.out.dir().map_or_else(|| work.to_path_buf(), Path::to_path_buf);
-        Job { recipe: self.recipe.clone(), out, work: work.to_path_buf() }
+        Job { recipe: self.recipe.clone(), out, work: work.to_path_buf(), input_root: self.input_root.clone() }
     }
 
     /// Input files whose stage 1 a killed run finished.
@@ -215,7 +243,7 @@ impl Steps {
             }
             lease.map_or(Ok(()), Lease::release)
         };
-        let start = match resume::prepare(&self.out, &self.work, &self.recipe, self.opts.overwrite) {
+        let start = match resume::prepare(&self.out, &self.work, &self.recipe, &self.inputs(), self.opts.overwrite) {
             Ok(s) => s,
             Err(e) => {
                 let _ = leave(lock.filter(|l| l.created), lease);
@@ -226,7 +254,7 @@ impl Steps {
             leave(lock, lease)?;
             return Ok(Begun::Complete(meta));
         }
-        resume::init_work(&self.work, &self.recipe)?;
+        resume::init_work(&self.work, &self.recipe, &self.inputs())?;
         if self.out.size(META_NAME)?.is_none() {
             let shuffle = self.recipe.shuffle;
             let mut m = Metadata::new(&self.recipe, if shuffle { Status::Building } else { Status::Streaming }, build.clone());
@@ -365,13 +393,7 @@ impl Steps {
             (Place::Store { .. }, Some(s)) => s.path().to_path_buf(),
             (Place::Store { .. }, None) => return Err(Error::Config("internal error: no scratch folder (please report)".into())),
         };
-        let spec = ShardSpec {
-            out: shard_dir.clone(),
-            format: self.recipe.format,
-            dtype: self.recipe.dtype,
-            seqlen: self.recipe.seqlen as u64,
-            cancel: cancel.clone(),
-        };
+        let spec = ShardSpec::new(&self.recipe, shard_dir.clone(), cancel.clone(), Arc::default());
         let cb = spec.context_bytes();
         // A shard made in scratch goes to the store, unless a finished one is already there.
         let publish = |line: ManifestLine| -> Result<ManifestLine> {

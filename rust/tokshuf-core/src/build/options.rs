@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use crate::error::{Error, Result};
-use crate::format::{ErrorPolicy, Format, Packing, Tail};
+use crate::format::{ErrorPolicy, Format, InputKind, Packing, Tail, MAX_BLOCK_SIZE};
 use crate::tokenize::Backend;
 
 /// Everything a caller chooses. Only `threads`, `memory_limit`, `local_cell_dir` and
@@ -31,7 +31,8 @@ pub struct BuildOptions {
     /// Fast or reference tokenizer implementation; never changes the ids.
     pub tokenizer_backend: Backend,
     pub shuffle: bool,
-    /// Bytes stage 2 may hold in cell ids at once (None: half of physical memory).
+    /// Bytes the build may hold in proportion to its input: stage 2's cell ids and read-ahead
+    /// (`budget`; None: half of physical memory).
     pub memory_limit: Option<u64>,
     pub errors: ErrorPolicy,
     pub progress: bool,
@@ -39,7 +40,18 @@ pub struct BuildOptions {
     pub packing: Packing,
     /// Documents per best-fit window (None: `DEFAULT_PACK_WINDOW`).
     pub pack_window: Option<u64>,
+    /// Unpacked: the length bins' upper bounds (the last must be `seqlen`)...
+    pub bins: Option<Vec<u32>>,
+    /// ... or their width (LDDL's equal-width bins; None with no `bins`: `seqlen / 16`, rounded up).
+    pub bin_size: Option<u32>,
+    /// Contexts per member of a block format (None: `format::DEFAULT_BLOCK_SIZE`).
+    pub block_size: Option<u64>,
+    /// jsonl to tokenize, or tar shards of contexts to shuffle again.
+    pub input_kind: InputKind,
 }
+
+/// Length bins of an unpacked cache at most (sub-caches are named `bin_00` .. `bin_99`).
+pub const MAX_BINS: usize = 100;
 
 /// Documents per best-fit window unless given: bounds the memory of packing one file.
 pub const DEFAULT_PACK_WINDOW: u64 = 1024;
@@ -73,6 +85,10 @@ impl BuildOptions {
             overwrite: false,
             packing: Packing::Concat,
             pack_window: None,
+            bins: None,
+            bin_size: None,
+            block_size: None,
+            input_kind: InputKind::Jsonl,
         }
     }
 
@@ -95,9 +111,39 @@ impl BuildOptions {
             return Err(Error::Config("memory_limit must be positive, not 0".into()));
         }
         match (self.packing, self.pack_window) {
-            (Packing::Concat, Some(_)) => return Err(Error::Config("pack_window is an option of packing=\"bestfit\"".into())),
+            (Packing::Concat | Packing::Unpacked, Some(_)) => {
+                return Err(Error::Config("pack_window is an option of packing=\"bestfit\"".into()))
+            }
             (_, Some(0)) => return Err(Error::Config("pack_window must be positive, not 0".into())),
             _ => {}
+        }
+        if !self.packing.is_unpacked() && (self.bins.is_some() || self.bin_size.is_some()) {
+            return Err(Error::Config("bins and bin_size are options of packing=\"none\"".into()));
+        }
+        if self.packing.is_unpacked() {
+            self.bin_bounds()?;
+            if self.format != Format::Npy {
+                return Err(Error::Config("packing=\"none\" writes variable-length npy members: it takes format=\"npy\" only".into()));
+            }
+        }
+        match (self.format.is_blocked(), self.block_size) {
+            (false, Some(_)) => return Err(Error::Config("block_size is an option of format=\"blocks\" and \"blocks.zst\"".into())),
+            (_, Some(k)) if k == 0 || k > MAX_BLOCK_SIZE => {
+                return Err(Error::Config(format!("block_size must be in 1..={MAX_BLOCK_SIZE}, not {k}")))
+            }
+            _ => {}
+        }
+        if self.input_kind == InputKind::Shards {
+            // Contexts are taken as they are: nothing that shapes them from documents applies.
+            let shaping = [
+                (!self.shuffle, "shuffle=False"),
+                (!self.packing.is_concat(), "a packing other than \"concat\""),
+                (self.bos, "bos=True"),
+                (self.errors == ErrorPolicy::Skip, "errors=\"skip\""),
+            ];
+            if let Some((_, what)) = shaping.iter().find(|(on, _)| *on) {
+                return Err(Error::Config(format!("shuffle_only (shards as inputs) cannot be combined with {what}")));
+            }
         }
         if self.inputs.is_empty() {
             return Err(Error::Config("no input files".into()));
@@ -105,11 +151,44 @@ impl BuildOptions {
         Ok(())
     }
 
+    /// The length bins' upper bounds of an unpacked build, checked: strictly increasing,
+    /// positive, ending at `seqlen`, at most `MAX_BINS`.
+    pub fn bin_bounds(&self) -> Result<Vec<u32>> {
+        let seqlen = self.seqlen;
+        let bounds = match (&self.bins, self.bin_size) {
+            (Some(_), Some(_)) => return Err(Error::Config("give bins or bin_size, not both".into())),
+            (Some(b), None) => b.clone(),
+            (None, size) => {
+                let size = size.unwrap_or(seqlen.div_ceil(16));
+                if size == 0 {
+                    return Err(Error::Config("bin_size must be positive, not 0".into()));
+                }
+                let n = seqlen.div_ceil(size) as usize;
+                if n > MAX_BINS {
+                    return Err(Error::Config(format!(
+                        "bin_size {size} makes {n} bins of seqlen {seqlen}; at most {MAX_BINS} are allowed"
+                    )));
+                }
+                (1..=n as u32).map(|k| (k * size).min(seqlen)).collect()
+            }
+        };
+        if bounds.is_empty() || bounds.len() > MAX_BINS {
+            return Err(Error::Config(format!("bins must list 1 to {MAX_BINS} bounds, not {}", bounds.len())));
+        }
+        if bounds[0] == 0 || bounds.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(Error::Config(format!("bins must be positive and strictly increasing, not {bounds:?}")));
+        }
+        if bounds.last() != Some(&seqlen) {
+            return Err(Error::Config(format!("the last bin must end at seqlen {seqlen} (bins={bounds:?})")));
+        }
+        Ok(bounds)
+    }
+
     pub fn threads(&self) -> usize {
         self.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
     }
 
-    /// Half of physical memory by default: it only bounds how many cell ids stage 2 holds.
+    /// Half of physical memory by default.
     pub fn memory_limit(&self) -> u64 {
         self.memory_limit.unwrap_or_else(|| {
             // SAFETY: sysconf has no preconditions.

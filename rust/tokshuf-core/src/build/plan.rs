@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
+use std::path::{Component, Path, PathBuf};
 
 use rayon::ThreadPool;
 use serde::{Deserialize, Serialize};
@@ -11,11 +12,12 @@ use super::cells::{self, DEFAULT_CELL_CONTEXTS, FILE_BITS, POS_BITS};
 use super::stream::{self, Placed};
 use super::BuildOptions;
 use crate::error::{Error, Result};
-use crate::format::{self, Dtype, FileSummary, InputFile, PackingFigures, Recipe, Tail, TokenizerInfo, Totals};
+use crate::format::{self, Dtype, FileSummary, InputFile, Packing, PackingFigures, Recipe, TokenizerInfo, Totals};
 use crate::tokenize::Tokenizer;
 
-/// The recipe of a build: options checked against the tokenizer, inputs listed and sized.
-pub fn recipe(opts: &BuildOptions, tok: &Tokenizer) -> Result<Recipe> {
+/// The recipe of a build (options checked against the tokenizer, inputs listed and sized), and
+/// the folder its local inputs are recorded relative to (`input_files`).
+pub fn recipe(opts: &BuildOptions, tok: &Tokenizer) -> Result<(Recipe, Option<PathBuf>)> {
     let eot_id = opts.eot_id.or(tok.eot_id).ok_or_else(|| {
         Error::Config(format!("{}: no end-of-text token found (tried <|endoftext|>, <|end_of_text|>, </s>, <eos>); pass eot_id", tok.spec))
     })?;
@@ -32,28 +34,8 @@ pub fn recipe(opts: &BuildOptions, tok: &Tokenizer) -> Result<Recipe> {
             }
         }
     }
-    let mut paths: Vec<String> = opts.inputs.iter().map(|p| p.to_string_lossy().into_owned()).collect();
-    paths.sort();
-    paths.dedup();
-    let inputs = paths
-        .into_iter()
-        .map(|path| {
-            if crate::storage::Location::is_url(&path) {
-                let bytes = crate::storage::input_size(&path)?;
-                return Ok(InputFile { path, bytes });
-            }
-            let md = std::fs::metadata(&path).map_err(|e| Error::io(&path, e))?;
-            if md.is_dir() {
-                return Err(Error::io(&path, std::io::Error::other("is a directory, not an input file")));
-            }
-            if md.is_file() {
-                // Fail before hours of work on file 1, not when file 900 turns out unreadable.
-                File::open(&path).map_err(|e| Error::io(&path, e))?;
-            }
-            Ok(InputFile { path, bytes: md.len() })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    Ok(Recipe {
+    let (inputs, input_root) = input_files(&opts.inputs)?;
+    let recipe = Recipe {
         tokshuf_version: format::VERSION.to_string(),
         format_version: format::FORMAT_VERSION,
         inputs,
@@ -78,8 +60,88 @@ pub fn recipe(opts: &BuildOptions, tok: &Tokenizer) -> Result<Recipe> {
         errors: opts.errors,
         dtype: if tok.vocab_size <= 1 << 16 { Dtype::Uint16 } else { Dtype::Uint32 },
         packing: opts.packing,
-        pack_window: (!opts.packing.is_concat()).then(|| opts.pack_window.unwrap_or(super::options::DEFAULT_PACK_WINDOW)),
-    })
+        pack_window: (opts.packing == Packing::Bestfit).then(|| opts.pack_window.unwrap_or(super::options::DEFAULT_PACK_WINDOW)),
+        bins: opts.packing.is_unpacked().then(|| opts.bin_bounds()).transpose()?,
+        block_size: opts.format.is_blocked().then(|| opts.block_size.unwrap_or(format::DEFAULT_BLOCK_SIZE)),
+        zstd_level: (opts.format == format::Format::BlocksZst).then_some(format::ZSTD_LEVEL),
+        input_kind: opts.input_kind,
+    };
+    Ok((recipe, input_root))
+}
+
+/// The input files as a recipe records them, sorted (their order is the file index of every
+/// context id, DESIGN §5), with their sizes; and the folder the local ones are relative to.
+///
+/// Object-store URLs are recorded as given. A local file is recorded by its path relative to
+/// the deepest folder holding every local input (`input_root`), taken lexically from the
+/// absolute paths: so the recipe, and the order, are the same whether the files were named by
+/// relative or absolute paths, from any working folder, through a symlinked folder, or on
+/// another machine where the corpus lives elsewhere. What the files hold is checked apart
+/// (sizes here, sizes and mtimes of an unfinished build in `resume`).
+pub fn input_files(given: &[PathBuf]) -> Result<(Vec<InputFile>, Option<PathBuf>)> {
+    let mut urls = Vec::new();
+    let mut local = Vec::new();
+    for p in given {
+        match p.to_str().filter(|s| crate::storage::Location::is_url(s)) {
+            Some(url) => urls.push(url.to_string()),
+            None => local.push(absolute(p)?),
+        }
+    }
+    let root = common_folder(&local);
+    let mut named: Vec<(String, PathBuf)> = urls.into_iter().map(|u| (u.clone(), PathBuf::from(u))).collect();
+    for abs in local {
+        let rel = root.as_deref().and_then(|r| abs.strip_prefix(r).ok()).unwrap_or(&abs);
+        named.push((rel.to_string_lossy().into_owned(), abs.clone()));
+    }
+    named.sort();
+    named.dedup_by(|a, b| a.0 == b.0);
+    let inputs = named
+        .into_iter()
+        .map(|(path, open)| {
+            if crate::storage::Location::is_url(&path) {
+                let bytes = crate::storage::input_size(&path)?;
+                return Ok(InputFile { path, bytes });
+            }
+            let md = std::fs::metadata(&open).map_err(|e| Error::io(&open, e))?;
+            if md.is_dir() {
+                return Err(Error::io(&open, std::io::Error::other("is a directory, not an input file")));
+            }
+            if md.is_file() {
+                // Fail before hours of work on file 1, not when file 900 turns out unreadable.
+                File::open(&open).map_err(|e| Error::io(&open, e))?;
+            }
+            Ok(InputFile { path, bytes: md.len() })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok((inputs, root))
+}
+
+/// `p` made absolute and normalized lexically (`.` dropped, `..` taking the previous
+/// component off), as Python's `os.path.abspath` does; symlinks are not resolved.
+fn absolute(p: &Path) -> Result<PathBuf> {
+    let abs = std::path::absolute(p).map_err(|e| Error::io(p, e))?;
+    let mut out = PathBuf::new();
+    for c in abs.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    Ok(out)
+}
+
+/// The deepest folder that holds every file of `files` (absolute paths); None for no file.
+fn common_folder(files: &[PathBuf]) -> Option<PathBuf> {
+    let mut common: Vec<Component<'_>> = files.first()?.parent()?.components().collect();
+    for f in &files[1..] {
+        let dir: Vec<Component<'_>> = f.parent().map(|d| d.components().collect()).unwrap_or_default();
+        let same = common.iter().zip(&dir).take_while(|(a, b)| a == b).count();
+        common.truncate(same);
+    }
+    Some(common.iter().collect())
 }
 
 /// Which contexts form which chunk: a pure function of the recipe and the files' context
@@ -110,7 +172,7 @@ impl ChunkPlan {
             let cell_sizes = cells::cell_sizes(pool, recipe.seed, &counts, cells);
             Ok(ChunkPlan { counts, chunk_size: cs, cells: Some(cells), cell_sizes, placed: Vec::new() })
         } else {
-            let stitched = recipe.tail == Tail::Stitch;
+            let stitched = recipe.stitches_tails();
             let files = &counts[..counts.len() - stitched as usize];
             let tail = stitched.then(|| counts[counts.len() - 1]);
             let placed = stream::plan(files, tail, cs).iter().map(|p| (p.file, p.start, p.len)).collect();
@@ -141,6 +203,23 @@ impl ChunkPlan {
     /// Streaming builds: chunk `k`'s place.
     pub fn placed(&self, k: u64) -> Option<Placed> {
         self.placed.get(k as usize).map(|&(file, start, len)| Placed { chunk: k, file, start, len })
+    }
+
+    /// The ids of the contexts of chunks `chunks`, in order (a shuffled build's from its cells).
+    pub fn ids(&self, seed: u64, chunks: std::ops::Range<u64>, pool: &ThreadPool) -> Vec<u64> {
+        let Some(ncells) = self.cells else {
+            return chunks
+                .filter_map(|k| self.placed(k))
+                .flat_map(|p| (p.start..p.start + p.len).map(move |i| cells::pack(p.file, i)))
+                .collect();
+        };
+        let cs = self.chunk_size;
+        let (c0, c1, skip) = self.cells_of(chunks.start, chunks.end);
+        let mut ids = cells::shuffled_cells(pool, seed, &self.counts, ncells, c0, c1, &self.cell_sizes[c0 as usize..c1 as usize]);
+        let end = (chunks.end * cs).min(self.num_contexts()) - chunks.start * cs;
+        ids.truncate((skip + end) as usize);
+        ids.drain(..skip as usize);
+        ids
     }
 
     /// Shuffled builds: the cells that chunks `k0..k1` span, and the position of chunk k0's
@@ -209,7 +288,7 @@ pub fn totals(summaries: &[FileSummary], recipe: &Recipe, cells: Option<u64>) ->
             e.extend(v.iter().take(5usize.saturating_sub(e.len())).cloned());
         }
     }
-    let stitched = recipe.tail == Tail::Stitch;
+    let stitched = recipe.stitches_tails();
     let real = &summaries[..summaries.len() - stitched as usize];
     Totals {
         num_local_cells: cells,
@@ -233,5 +312,47 @@ pub fn totals(summaries: &[FileSummary], recipe: &Recipe, cells: Option<u64>) ->
                 concat_documents_split: real.iter().map(|s| s.concat_documents_split).sum(),
             }
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(given: &[PathBuf]) -> (Vec<String>, Option<PathBuf>) {
+        let (inputs, root) = input_files(given).unwrap();
+        (inputs.into_iter().map(|f| f.path).collect(), root)
+    }
+
+    #[test]
+    fn local_inputs_are_recorded_relative_to_their_common_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().canonicalize().unwrap();
+        std::fs::create_dir_all(base.join("corpus/web")).unwrap();
+        for f in ["corpus/web/b.jsonl", "corpus/a.jsonl"] {
+            std::fs::write(base.join(f), "{}\n").unwrap();
+        }
+        std::os::unix::fs::symlink(base.join("corpus"), base.join("link")).unwrap();
+        let abs = names(&[base.join("corpus/web/b.jsonl"), base.join("corpus/a.jsonl")]);
+        assert_eq!(abs.0, ["a.jsonl", "web/b.jsonl"]);
+        assert_eq!(abs.1.as_deref(), Some(base.join("corpus").as_path()));
+        // Spelled with `..` and `.`, or through a symlinked folder: the same record.
+        let dotted = names(&[base.join("corpus/web/../web/./b.jsonl"), base.join("corpus/a.jsonl")]);
+        assert_eq!(dotted.0, abs.0);
+        let linked = names(&[base.join("link/web/b.jsonl"), base.join("link/a.jsonl")]);
+        assert_eq!(linked.0, abs.0);
+        assert_eq!(linked.1.as_deref(), Some(base.join("link").as_path()));
+        // One file: relative to its own folder; the same file twice: once.
+        assert_eq!(names(&[base.join("corpus/a.jsonl"), base.join("corpus/a.jsonl")]).0, ["a.jsonl"]);
+    }
+
+    #[test]
+    fn a_missing_input_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("nope.jsonl");
+        match input_files(std::slice::from_ref(&missing)) {
+            Err(Error::Io { path, .. }) => assert_eq!(path, missing),
+            other => panic!("{:?}", other.map(|r| r.0)),
+        }
     }
 }

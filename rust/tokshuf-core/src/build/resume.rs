@@ -48,16 +48,18 @@ pub struct InputStamp {
     pub mtime_ns: u64,
 }
 
-pub fn stamps(recipe: &Recipe) -> Result<Vec<InputStamp>> {
+/// The inputs of `recipe` as they are now (`inputs`: where they are on this machine).
+pub fn stamps(recipe: &Recipe, inputs: &[PathBuf]) -> Result<Vec<InputStamp>> {
     recipe
         .inputs
         .iter()
-        .map(|f| {
+        .zip(inputs)
+        .map(|(f, open)| {
             if crate::storage::Location::is_url(&f.path) {
                 let bytes = crate::storage::input_size(&f.path)?;
                 return Ok(InputStamp { path: f.path.clone(), bytes, mtime_ns: 0 });
             }
-            let md = std::fs::metadata(&f.path).map_err(|e| Error::io(&f.path, e))?;
+            let md = std::fs::metadata(open).map_err(|e| Error::io(open, e))?;
             let mtime_ns = md.modified().ok().and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map_or(0, |d| d.as_nanos() as u64);
             Ok(InputStamp { path: f.path.clone(), bytes: md.len(), mtime_ns })
         })
@@ -77,8 +79,8 @@ pub fn work_dir(output: &Path, local_cell_dir: Option<&Path>) -> Result<PathBuf>
 }
 
 /// Decide what to do with the output (a folder, or a prefix in an object store), clearing it
-/// when starting over.
-pub fn prepare(out: &Place, work: &Place, recipe: &Recipe, overwrite: bool) -> Result<Start> {
+/// when starting over. `inputs`: where the recipe's input files are on this machine.
+pub fn prepare(out: &Place, work: &Place, recipe: &Recipe, inputs: &[PathBuf], overwrite: bool) -> Result<Start> {
     if let Some(dir) = out.dir() {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     }
@@ -128,7 +130,7 @@ pub fn prepare(out: &Place, work: &Place, recipe: &Recipe, overwrite: bool) -> R
         return Ok(Start::Complete(Box::new(m.clone())));
     }
     if let Some(w) = &work_state {
-        let changed = changed_inputs(w)?;
+        let changed = changed_inputs(w, recipe, inputs)?;
         if !changed.is_empty() {
             return Err(Error::OutputExists(format!(
                 "{out}: input files changed since this unfinished build started ({}); pass overwrite=True (--overwrite) to start over",
@@ -149,18 +151,20 @@ fn remove_tmp(place: &Place, entries: &[String]) -> Result<()> {
     Ok(())
 }
 
-fn changed_inputs(w: &WorkState) -> Result<Vec<String>> {
-    let now = stamps(&w.recipe)?;
+/// Inputs of the unfinished build `w` whose size or mtime differ now (`inputs`: where they are).
+fn changed_inputs(w: &WorkState, recipe: &Recipe, inputs: &[PathBuf]) -> Result<Vec<String>> {
+    let now = stamps(recipe, inputs)?;
     Ok(w.inputs
         .iter()
         .zip(&now)
-        .filter(|(a, b)| a != b)
+        .zip(inputs)
+        .filter(|((a, b), _)| a != b)
         .take(5)
-        .map(|(a, b)| {
+        .map(|((a, b), path)| {
             if a.bytes != b.bytes {
-                format!("{}: size {} -> {}", a.path, a.bytes, b.bytes)
+                format!("{}: size {} -> {}", path.display(), a.bytes, b.bytes)
             } else {
-                format!("{}: modified (mtime changed)", a.path)
+                format!("{}: modified (mtime changed)", path.display())
             }
         })
         .collect())
@@ -177,8 +181,8 @@ fn clear(out: &Place, work: &Place, entries: &[String]) -> Result<()> {
 
 /// Create the work folder for `recipe`, or keep it if it already belongs to it (less the
 /// temporary files of a killed run). A work folder of another recipe (possible under
-/// `local_cell_dir`) is stale and cleared.
-pub fn init_work(work: &Place, recipe: &Recipe) -> Result<()> {
+/// `local_cell_dir`) is stale and cleared. `inputs`: where the input files are.
+pub fn init_work(work: &Place, recipe: &Recipe, inputs: &[PathBuf]) -> Result<()> {
     if let Some(w) = work.read_json::<WorkState>(WORK_STATE).ok().flatten() {
         if &w.recipe == recipe {
             return remove_tmp(work, &work.names()?);
@@ -188,7 +192,7 @@ pub fn init_work(work: &Place, recipe: &Recipe) -> Result<()> {
     if let Some(dir) = work.dir() {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     }
-    let state = WorkState { recipe: recipe.clone(), inputs: stamps(recipe)? };
+    let state = WorkState { recipe: recipe.clone(), inputs: stamps(recipe, inputs)? };
     work.write(WORK_STATE, &format::to_json_bytes(&state), WORK_STATE)
 }
 

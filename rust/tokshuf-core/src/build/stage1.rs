@@ -17,6 +17,7 @@ use std::sync::Arc;
 use crossbeam_channel::{bounded, unbounded};
 
 use crate::build::input::{self, Line, LineBatcher};
+use crate::build::writeback::{Cache, Streamed};
 use crate::error::{Error, Result, SkipReason};
 use crate::format::{self, Dtype, ErrorPolicy, FileSummary, Tail};
 use crate::tokenize::Encoder;
@@ -37,6 +38,13 @@ pub struct Stage1Config {
     pub errors: ErrorPolicy,
     /// Best-fit packing over windows of this many documents (None: concat).
     pub pack_window: Option<usize>,
+    /// Unpacked: every document (cut at `seqlen`) is an example, in the first bin whose upper
+    /// bound holds it.
+    pub bins: Option<Vec<u32>>,
+    /// Ids must be below this (checked where they are not made here: shards as inputs).
+    pub vocab_size: u32,
+    /// The inputs as the recipe records them: how tokshuf.json names a skipped line's file.
+    pub input_names: Vec<String>,
 }
 
 /// Names of file `file`'s spill and summary in the work folder.
@@ -51,6 +59,15 @@ pub fn summary_name(file: usize) -> String {
 pub fn spill_path(work: &Path, file: usize) -> PathBuf {
     work.join(spill_name(file))
 }
+
+/// Unpacked builds: where the examples of `file` that fall in bin `bin` are in its spill, one
+/// (byte offset, number of ids) pair of little-endian u64s per example, in file order.
+pub fn pos_path(work: &Path, file: usize, bin: usize) -> PathBuf {
+    work.join(format!("f{file:08}.b{bin:02}.pos"))
+}
+
+/// Bytes of one entry of a `pos_path` file.
+pub const POS_BYTES: u64 = 16;
 
 pub fn summary_path(work: &Path, file: usize) -> PathBuf {
     work.join(summary_name(file))
@@ -216,9 +233,11 @@ pub fn run(
     // Spills of files left unfinished (an error, Ctrl-C) are redone by the next run anyway;
     // removing them now gives their space back (it may be a full disk that stopped us).
     for (_, w) in writers.drain() {
-        let tmp = w.tmp.clone();
+        let tmps = w.tmp_paths();
         drop(w);
-        let _ = std::fs::remove_file(tmp);
+        for tmp in tmps {
+            let _ = std::fs::remove_file(tmp);
+        }
     }
     result
 }
@@ -258,6 +277,10 @@ impl Consume<'_> {
             };
             pending.insert(seq, done);
             while let Some(done) = pending.remove(&next) {
+                // Small files arrive whole: a Ctrl-C must not wait for all of them.
+                if self.cancel.load(Ordering::Relaxed) {
+                    return Err(Error::Interrupted);
+                }
                 next += 1;
                 let _ = self.slot_rx.try_recv();
                 let file = match &done {
@@ -266,14 +289,14 @@ impl Consume<'_> {
                     Done::Passthrough(Job::OpenError { .. }) => usize::MAX,
                 };
                 if file != usize::MAX && !writers.contains_key(&file) {
-                    writers.insert(file, FileWriter::create(cfg, &spill_path(work, file), buffer)?);
+                    writers.insert(file, FileWriter::create(cfg, work, file, buffer)?);
                 }
                 match done {
                     Done::Passthrough(Job::OpenError { error }) => return Err(error),
                     Done::Lines { out, .. } => {
                         let t = out?;
                         let w = writers.get_mut(&file).expect("inserted above");
-                        w.absorb(cfg, &paths[file], t)?;
+                        w.absorb(cfg, name(cfg, file), t)?;
                         let every = self.schedule.notify_every;
                         let n = w.summary.num_contexts;
                         if every > 0 && n / every > w.notified / every {
@@ -292,14 +315,16 @@ impl Consume<'_> {
                             ErrorPolicy::Raise => {
                                 return Err(Error::BadInput { path: paths[file].clone(), line, reason, kind: SkipReason::CorruptStream })
                             }
-                            ErrorPolicy::Skip => w.skip(&paths[file], SkipReason::CorruptStream, line, &reason),
+                            ErrorPolicy::Skip => w.skip(name(cfg, file), SkipReason::CorruptStream, line, &reason),
                         }
                     }
                     Done::Passthrough(Job::FileEnd { .. }) => {
                         let w = writers.remove(&file).expect("inserted above");
-                        let tmp = w.tmp.clone();
+                        let tmps = w.tmp_paths();
                         let (summary, spill_bytes) = w.finish(cfg, cfg.tail, work, file).inspect_err(|_| {
-                            let _ = std::fs::remove_file(&tmp);
+                            for tmp in &tmps {
+                                let _ = std::fs::remove_file(tmp);
+                            }
                         })?;
                         on_event(Event::Done { file, summary: &summary, spill_bytes })?;
                         files_left -= 1;
@@ -310,6 +335,11 @@ impl Consume<'_> {
         }
         Ok(())
     }
+}
+
+/// How tokshuf.json names input `file`.
+fn name(cfg: &Stage1Config, file: usize) -> &str {
+    cfg.input_names.get(file).map_or("", String::as_str)
 }
 
 fn tokenize_batch(cfg: &Stage1Config, path: &Path, first_line: u64, buf: &[u8], ends: &[usize]) -> Result<Tokenized> {
@@ -352,63 +382,83 @@ fn tokenize_batch(cfg: &Stage1Config, path: &Path, first_line: u64, buf: &[u8], 
     Ok(t)
 }
 
-/// A spill file written through a buffer while other threads read its finished part.
-pub struct SharedFile(pub Arc<File>);
-
-impl Write for SharedFile {
-    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
-        (&*self.0).write(data)
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// Cuts one file's id stream into contexts and appends them to its spill.
-struct FileWriter {
-    out: BufWriter<SharedFile>,
+/// Cuts one file's id stream into contexts and appends them to its spill (also used by
+/// `shards`, whose contexts come whole).
+pub(super) struct FileWriter {
+    /// Other threads may read the spill's finished part while it is written (streaming builds).
+    out: BufWriter<Streamed<Arc<File>>>,
     shared: Arc<File>,
-    tmp: PathBuf,
+    pub(super) tmp: PathBuf,
     cur: Vec<u32>,
     bytes: Vec<u8>,
-    summary: FileSummary,
+    pub(super) summary: FileSummary,
     notified: u64,
     /// Best-fit packing: the documents of the current window, and where the file's id stream
     /// would be under concat (to count the documents concat would split).
     window: Vec<Vec<u32>>,
     concat_pos: u64,
+    /// Unpacked builds: each bin's positions file (`pos_path`), and the spill's length so far.
+    bins: Vec<(BufWriter<File>, PathBuf)>,
+    spill_len: u64,
 }
 
 impl FileWriter {
-    fn create(cfg: &Stage1Config, path: &Path, buffer: usize) -> Result<Self> {
-        let tmp = format::tmp_name(path);
+    pub(super) fn create(cfg: &Stage1Config, work: &Path, file: usize, buffer: usize) -> Result<Self> {
+        let tmp = format::tmp_name(&spill_path(work, file));
         let f =
             std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&tmp).map_err(|e| Error::io(&tmp, e))?;
         let shared = Arc::new(f);
+        let nbins = cfg.bins.as_ref().map_or(0, Vec::len);
+        let bins = (0..nbins)
+            .map(|k| {
+                let tmp = format::tmp_name(&pos_path(work, file, k));
+                let f = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+                Ok((BufWriter::with_capacity(16 << 10, f), tmp))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let summary = FileSummary { bin_examples: vec![0; nbins], bin_tokens: vec![0; nbins], ..Default::default() };
         Ok(FileWriter {
-            out: BufWriter::with_capacity(buffer, SharedFile(shared.clone())),
+            // Stage 2 reads the spill soon: its pages stay in the page cache.
+            out: BufWriter::with_capacity(buffer, Streamed::new(shared.clone(), Cache::Keep)),
             shared,
             tmp,
             cur: Vec::with_capacity(cfg.seqlen),
             bytes: Vec::new(),
-            summary: FileSummary::default(),
+            summary,
             notified: 0,
             window: Vec::new(),
             concat_pos: 0,
+            bins,
+            spill_len: 0,
         })
     }
 
-    fn skip(&mut self, path: &Path, kind: SkipReason, line: u64, reason: &str) {
+    /// Every file this writer has under a temporary name.
+    fn tmp_paths(&self) -> Vec<PathBuf> {
+        std::iter::once(self.tmp.clone()).chain(self.bins.iter().map(|b| b.1.clone())).collect()
+    }
+
+    /// Count a document of `n` ids for the packing figures: split by this mode (longer than a
+    /// context), and split had it been concatenated.
+    fn count_split(&mut self, cfg: &Stage1Config, n: usize) {
+        let seqlen = cfg.seqlen as u64;
+        let (first, last) = (self.concat_pos / seqlen, (self.concat_pos + n as u64 - 1) / seqlen);
+        self.summary.concat_documents_split += (first != last) as u64;
+        self.summary.documents_split += (n > cfg.seqlen) as u64;
+        self.concat_pos += n as u64;
+    }
+
+    fn skip(&mut self, name: &str, kind: SkipReason, line: u64, reason: &str) {
         *self.summary.skipped.entry(kind.name().to_string()).or_default() += 1;
         let ex = self.summary.skipped_examples.entry(kind.name().to_string()).or_default();
         if ex.len() < MAX_EXAMPLES {
-            ex.push(format!("{}:{line}: {reason}", path.display()));
+            ex.push(format!("{name}:{line}: {reason}"));
         }
     }
 
-    fn absorb(&mut self, cfg: &Stage1Config, path: &Path, t: Tokenized) -> Result<()> {
+    fn absorb(&mut self, cfg: &Stage1Config, name: &str, t: Tokenized) -> Result<()> {
         for (kind, line, reason) in &t.skipped {
-            self.skip(path, *kind, *line, reason);
+            self.skip(name, *kind, *line, reason);
         }
         let s = &mut self.summary;
         s.num_documents += t.documents;
@@ -416,15 +466,23 @@ impl FileWriter {
         s.blank_lines += t.blank;
         s.text_bytes += t.text_bytes;
         s.num_tokens += t.ids.len() as u64;
+        if let Some(bounds) = &cfg.bins {
+            let mut at = 0;
+            for &n in &t.doc_lens {
+                let n = n as usize;
+                self.count_split(cfg, n);
+                for piece in t.ids[at..at + n].chunks(cfg.seqlen) {
+                    self.write_example(cfg, bounds, piece)?;
+                }
+                at += n;
+            }
+            return Ok(());
+        }
         if let Some(window) = cfg.pack_window {
             let mut at = 0;
             for &n in &t.doc_lens {
                 let n = n as usize;
-                let seqlen = cfg.seqlen as u64;
-                let (first, last) = (self.concat_pos / seqlen, (self.concat_pos + n as u64 - 1) / seqlen);
-                self.summary.concat_documents_split += (first != last) as u64;
-                self.summary.documents_split += (n > cfg.seqlen) as u64;
-                self.concat_pos += n as u64;
+                self.count_split(cfg, n);
                 self.window.push(t.ids[at..at + n].to_vec());
                 at += n;
                 if self.window.len() >= window {
@@ -472,14 +530,32 @@ impl FileWriter {
         Ok(())
     }
 
-    fn write_context(&mut self, cfg: &Stage1Config, ids: &[u32]) -> Result<()> {
+    /// Unpacked: append one example to the spill and its place to its bin's positions.
+    fn write_example(&mut self, cfg: &Stage1Config, bounds: &[u32], ids: &[u32]) -> Result<()> {
+        let k = bounds.partition_point(|&b| (b as usize) < ids.len());
+        encode_ids(cfg.dtype, ids, &mut self.bytes);
+        crate::testhook::charge(self.bytes.len()).and_then(|_| self.out.write_all(&self.bytes)).map_err(|e| Error::io(&self.tmp, e))?;
+        let (pos, tmp) = &mut self.bins[k];
+        let mut entry = [0u8; POS_BYTES as usize];
+        entry[..8].copy_from_slice(&self.spill_len.to_le_bytes());
+        entry[8..].copy_from_slice(&(ids.len() as u64).to_le_bytes());
+        pos.write_all(&entry).map_err(|e| Error::io(&*tmp, e))?;
+        self.spill_len += self.bytes.len() as u64;
+        self.summary.num_contexts += 1;
+        self.summary.bin_examples[k] += 1;
+        self.summary.bin_tokens[k] += ids.len() as u64;
+        Ok(())
+    }
+
+    pub(super) fn write_context(&mut self, cfg: &Stage1Config, ids: &[u32]) -> Result<()> {
         encode_ids(cfg.dtype, ids, &mut self.bytes);
         crate::testhook::charge(self.bytes.len()).and_then(|_| self.out.write_all(&self.bytes)).map_err(|e| Error::io(&self.tmp, e))?;
         self.summary.num_contexts += 1;
         Ok(())
     }
 
-    fn finish(mut self, cfg: &Stage1Config, tail_policy: Tail, work: &Path, file: usize) -> Result<(FileSummary, u64)> {
+    /// Publish the spill (fsync, rename) and then the summary that marks the file done.
+    pub(super) fn finish(mut self, cfg: &Stage1Config, tail_policy: Tail, work: &Path, file: usize) -> Result<(FileSummary, u64)> {
         if cfg.pack_window.is_some() {
             self.pack_window(cfg)?; // best fit has no tail: the last window is packed like any
         }
@@ -504,6 +580,12 @@ impl FileWriter {
         let f = &self.shared;
         f.sync_all().map_err(|e| Error::io(&self.tmp, e))?;
         let spill_bytes = f.metadata().map(|m| m.len()).unwrap_or(0);
+        for (k, (pos, tmp)) in std::mem::take(&mut self.bins).into_iter().enumerate() {
+            let f = pos.into_inner().map_err(|e| Error::io(&tmp, e.into_error()))?;
+            f.sync_all().map_err(|e| Error::io(&tmp, e))?;
+            let path = pos_path(work, file, k);
+            std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
+        }
         let path = spill_path(work, file);
         std::fs::rename(&self.tmp, &path).map_err(|e| Error::io(&path, e))?;
         crate::testhook::point("stage1.spill");
@@ -515,11 +597,9 @@ impl FileWriter {
 
 /// Window an already-known id stream (the stitched tails) into a spill, padding the last one.
 pub fn write_stitched(cfg: &Stage1Config, work: &Path, file: usize, ids: &[u32]) -> Result<FileSummary> {
-    let mut w = FileWriter::create(cfg, &spill_path(work, file), 1 << 20)?;
+    let mut w = FileWriter::create(cfg, work, file, 1 << 20)?;
     let tmp = w.tmp.clone();
-    let r = w
-        .absorb(cfg, Path::new(""), Tokenized { ids: ids.to_vec(), ..Default::default() })
-        .and_then(|_| w.finish(cfg, Tail::Pad, work, file));
+    let r = w.absorb(cfg, "", Tokenized { ids: ids.to_vec(), ..Default::default() }).and_then(|_| w.finish(cfg, Tail::Pad, work, file));
     if r.is_err() {
         let _ = std::fs::remove_file(tmp);
     }
@@ -566,6 +646,9 @@ mod tests {
             tail: Tail::Stitch,
             errors,
             pack_window: None,
+            bins: None,
+            vocab_size: 256,
+            input_names: vec!["in.jsonl".into()],
         }
     }
 

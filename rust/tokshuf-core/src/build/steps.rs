@@ -5,7 +5,8 @@
 //! elsewhere, writes the same bytes.
 //!
 //! 1. [`plan`]: options -> recipe (and the loaded tokenizer).
-//! 2. [`stage1_file`]: one input file -> its spill and summary in the work folder.
+//! 2. [`stage1_files`]: input files -> their spills and summaries in the work folder (jsonl
+//!    tokenized by `stage1`, or tar shards of contexts read by `shards`).
 //! 3. [`stitch`] (tail "stitch" only): the files' tails -> one more spill and summary.
 //! 4. [`ChunkPlan::new`]: the summaries -> which contexts form which chunk.
 //! 5. [`stage2_chunks`]: a range of chunks -> their shards in the output, and manifest lines.
@@ -24,15 +25,17 @@ use rayon::ThreadPool;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::cells::{self, pack};
+use super::cells::pack;
+use super::gather::{Buffers, Gather};
 use super::manifest::manifest_text;
 use super::plan::{self, ChunkPlan};
-use super::shard::{write_shard, ShardSpec};
+use super::shard::{write_shard, ShardSpec, ShardTimes};
+use super::shards;
 use super::spills::Spills;
 use super::stage1::{self, Schedule, Stage1Config};
 use super::BuildOptions;
 use crate::error::{Error, Result};
-use crate::format::{self, FileSummary, ManifestLine, Metadata, Recipe, Status, Tail, Totals, MANIFEST_NAME, META_NAME};
+use crate::format::{self, FileSummary, InputKind, ManifestLine, Metadata, Recipe, Status, Totals, MANIFEST_NAME, META_NAME};
 use crate::testhook;
 use crate::tokenize::Tokenizer;
 
@@ -45,23 +48,45 @@ pub struct Job {
     /// The work folder of stage 1's spills and summaries (must be shared by the machines that
     /// run stage 1 and stage 2 of the same files).
     pub work: PathBuf,
+    /// The folder the recipe's local input paths are relative to, on this machine.
+    pub input_root: Option<PathBuf>,
 }
 
 impl Job {
+    /// Where each input file is, in recipe order (`input_paths`).
     pub fn paths(&self) -> Vec<PathBuf> {
-        self.recipe.inputs.iter().map(|f| PathBuf::from(&f.path)).collect()
+        input_paths(&self.recipe, self.input_root.as_deref())
     }
-    fn shard_spec(&self, cancel: Arc<AtomicBool>) -> ShardSpec {
-        ShardSpec { out: self.out.clone(), format: self.recipe.format, dtype: self.recipe.dtype, seqlen: self.recipe.seqlen as u64, cancel }
+    fn shard_spec(&self, cancel: Arc<AtomicBool>, times: Arc<ShardTimes>) -> ShardSpec {
+        ShardSpec::new(&self.recipe, self.out.clone(), cancel, times)
     }
 }
 
-/// Step 1: load the tokenizer and make the recipe.
-pub fn plan(opts: &BuildOptions) -> Result<(Recipe, Tokenizer)> {
+/// Step 1: load the tokenizer and make the recipe; the job of building it into `opts.output`.
+pub fn plan(opts: &BuildOptions) -> Result<(Job, Tokenizer)> {
     opts.validate()?;
     let tok = Tokenizer::load(&opts.tokenizer, opts.allow_special_tokens, opts.tokenizer_backend)?;
-    let recipe = plan::recipe(opts, &tok)?;
-    Ok((recipe, tok))
+    Ok((job(opts, &tok)?, tok))
+}
+
+/// Where each input file of `recipe` is on this machine, in recipe order: a URL as recorded, a
+/// local file under `input_root` (the folder its paths are relative to).
+pub fn input_paths(recipe: &Recipe, input_root: Option<&Path>) -> Vec<PathBuf> {
+    recipe
+        .inputs
+        .iter()
+        .map(|f| match input_root {
+            Some(root) if !crate::storage::Location::is_url(&f.path) => root.join(&f.path),
+            _ => PathBuf::from(&f.path),
+        })
+        .collect()
+}
+
+/// The job of building `opts` with `tok` (loaded from `opts.tokenizer`).
+pub fn job(opts: &BuildOptions, tok: &Tokenizer) -> Result<Job> {
+    let (recipe, input_root) = plan::recipe(opts, tok)?;
+    let work = super::resume::work_dir(&opts.output, opts.local_cell_dir.as_deref())?;
+    Ok(Job { recipe, out: opts.output.clone(), work, input_root })
 }
 
 /// What stage 1 needs of the recipe and tokenizer.
@@ -77,6 +102,9 @@ pub fn stage1_config(recipe: &Recipe, tok: &Tokenizer) -> Arc<Stage1Config> {
         tail: recipe.tail,
         errors: recipe.errors,
         pack_window: recipe.pack_window.map(|w| w as usize),
+        bins: recipe.bins.clone(),
+        vocab_size: recipe.tokenizer.vocab_size,
+        input_names: recipe.inputs.iter().map(|f| f.path.clone()).collect(),
     })
 }
 
@@ -103,15 +131,21 @@ pub fn stage1_files(
 ) -> Result<Vec<FileSummary>> {
     std::fs::create_dir_all(&job.work).map_err(|e| Error::io(&job.work, e))?;
     let todo: Vec<usize> = files.iter().copied().filter(|&f| !stage1::summary_path(&job.work, f).exists()).collect();
-    let schedule = Schedule { window: 1, notify_every: 0, batch_bytes: stage1::BATCH_BYTES };
     let mut fresh = HashMap::new();
-    stage1::run(cfg, &job.paths(), &todo, &job.work, pool, cancel, schedule, |ev| {
-        if let stage1::Event::Done { file, summary, .. } = ev {
-            fresh.insert(file, summary.clone());
-            on_done(file, summary)?;
+    let mut record = |file: usize, summary: &FileSummary| {
+        fresh.insert(file, summary.clone());
+        on_done(file, summary)
+    };
+    match job.recipe.input_kind {
+        InputKind::Shards => shards::run(cfg, &job.paths(), &todo, &job.work, pool, cancel, &mut record)?,
+        InputKind::Jsonl => {
+            let schedule = Schedule { window: 1, notify_every: 0, batch_bytes: stage1::BATCH_BYTES };
+            stage1::run(cfg, &job.paths(), &todo, &job.work, pool, cancel, schedule, |ev| match ev {
+                stage1::Event::Done { file, summary, .. } => record(file, summary),
+                _ => Ok(()),
+            })?;
         }
-        Ok(())
-    })?;
+    }
     files
         .iter()
         .map(|&f| match fresh.remove(&f) {
@@ -124,7 +158,7 @@ pub fn stage1_files(
 /// Step 3: with tail "stitch", window the tails of all files (`summaries`, in file order) as
 /// one more file. None for the other tail policies.
 pub fn stitch(job: &Job, cfg: &Stage1Config, summaries: &[FileSummary]) -> Result<Option<FileSummary>> {
-    if job.recipe.tail != Tail::Stitch {
+    if !job.recipe.stitches_tails() {
         return Ok(None);
     }
     let n = job.recipe.inputs.len();
@@ -137,14 +171,24 @@ pub fn stitch(job: &Job, cfg: &Stage1Config, summaries: &[FileSummary]) -> Resul
     Ok(Some(s))
 }
 
+/// How stage 2 runs on this machine: never what it writes.
+#[derive(Clone, Debug)]
+pub struct Stage2Io {
+    /// Contexts each thread gathers from the spills at a time (`budget::Stage2Budget`).
+    pub gather_window: usize,
+    pub times: Arc<ShardTimes>,
+}
+
 /// Step 5: write the shards of chunks `chunks` (of `plan`, from the spills of `summaries`);
 /// returns their manifest lines in chunk order. A shard already there is kept (and hashed).
 /// `on_chunk` hears of each chunk as it is written, on the pool's threads.
+#[allow(clippy::too_many_arguments)]
 pub fn stage2_chunks(
     job: &Job,
     plan: &ChunkPlan,
     summaries: &[FileSummary],
     chunks: Range<u64>,
+    io: &Stage2Io,
     pool: &ThreadPool,
     cancel: &Arc<AtomicBool>,
     on_chunk: &(dyn Fn(u64, &ManifestLine) -> Result<()> + Sync),
@@ -152,18 +196,15 @@ pub fn stage2_chunks(
     if chunks.is_empty() {
         return Ok(Vec::new());
     }
-    let spec = job.shard_spec(cancel.clone());
+    let spec = job.shard_spec(cancel.clone(), io.times.clone());
     let cs = plan.chunk_size;
     let lines = match plan.cells {
-        Some(ncells) => {
-            let (c0, c1, skip) = plan.cells_of(chunks.start, chunks.end);
-            let ids =
-                cells::shuffled_cells(pool, job.recipe.seed, &plan.counts, ncells, c0, c1, &plan.cell_sizes[c0 as usize..c1 as usize]);
-            let end = (chunks.end * cs).min(plan.num_contexts()) - chunks.start * cs;
-            let ids = &ids[skip as usize..(skip + end) as usize];
+        Some(_) => {
+            let ids = &plan.ids(job.recipe.seed, chunks.clone(), pool);
             let padded: HashMap<u64, u32> =
                 summaries.iter().enumerate().flat_map(|(f, s)| s.padded.iter().map(move |&(p, n)| (pack(f, p), n))).collect();
             let spills = Spills::open(&job.work, plan.counts.len(), spec.context_bytes())?;
+            let buffers = Buffers::default();
             testhook::point("stage2.group");
             pool.install(|| {
                 ids.par_chunks(cs as usize)
@@ -171,8 +212,11 @@ pub fn stage2_chunks(
                     .map(|(i, ids)| {
                         let chunk = chunks.start + i as u64;
                         let padding: u64 = ids.iter().filter_map(|id| padded.get(id)).map(|&n| n as u64).sum();
-                        let mut open = HashMap::new();
-                        let line = write_shard(&spec, chunk, ids.len(), padding, |i, buf| spills.read(&mut open, ids[i as usize], buf))?;
+                        let mut buf = buffers.take();
+                        let mut gather = Gather::new(&spills, ids, io.gather_window, &mut buf);
+                        let line = write_shard(&spec, chunk, ids.len(), padding, |i, out| gather.read(i as usize, out));
+                        buffers.give(buf);
+                        let line = line?;
                         on_chunk(chunk, &line)?;
                         Ok(line)
                     })

@@ -92,7 +92,7 @@ impl Streamer<'_, '_> {
             }
         }
         let todo: Vec<usize> = (0..nfiles).filter(|&f| self.summaries[f].is_none()).collect();
-        run.progress.stage("tokenize", nfiles as u64);
+        run.progress.stage("tokenize", nfiles as u64, "files");
         run.progress.advance((nfiles - todo.len()) as u64, 0, 0);
         self.place()?;
         // Batches of about half a chunk of text (~4 bytes a token), so chunks appear steadily.
@@ -125,7 +125,7 @@ impl Streamer<'_, '_> {
         run.write_planned(&chunk_plan, &totals)?;
         self.plan_published = true;
         testhook::point("plan");
-        run.progress.stage("write", plan.len() as u64);
+        run.progress.stage("write", plan.len() as u64, "chunks");
         run.progress.advance(self.manifest.lines.len() as u64, 0, 0);
         Ok((chunk_plan, totals))
     }

@@ -1,14 +1,30 @@
-//! Tar members (DESIGN §3). `npy` members all have the same header and size, and tar headers
-//! are plain ustar with mtime 0, uid/gid 0 and mode 0644, so member i of a chunk starts at byte
-//! `i * stride`.
+//! Tar members (DESIGN §3, docs/format.md §3). Tar headers are plain ustar with mtime 0, uid/gid
+//! 0 and mode 0644. `npy` members all have the same header and size, so member i of a chunk
+//! starts at byte `i * stride`. Block formats hold `block_size` contexts per member as one 2-D
+//! npy array: `blocks` members all have the same size but the chunk's last (which may hold
+//! fewer contexts), so they are reached at a fixed stride too; `blocks.zst` members are those
+//! arrays compressed, found by one scan of the tar headers, like `json.gz` members.
 
 use super::{Dtype, Format};
 
 pub const TAR_BLOCK: u64 = 512;
 
-/// The NumPy format 1.0 header of a 1-D little-endian array of `len` ids, padded to 64 bytes.
-pub fn npy_header(dtype: Dtype, len: u64) -> Vec<u8> {
-    let dict = format!("{{'descr': '{}', 'fortran_order': False, 'shape': ({len},), }}", dtype.descr());
+/// zstd level of `blocks.zst` members: decompression speed does not depend on it, and level 3
+/// already stores ids in well under json.gz's bytes while a build still writes at disk speed.
+pub const ZSTD_LEVEL: i32 = 3;
+
+/// Contexts per block when a build asks for a block format without saying.
+pub const DEFAULT_BLOCK_SIZE: u64 = 64;
+/// Largest block: a block is decoded whole, so this bounds what one read holds.
+pub const MAX_BLOCK_SIZE: u64 = 1 << 16;
+
+/// The NumPy format 1.0 header of a little-endian array of `shape` ids, padded to 64 bytes.
+pub fn npy_header_shaped(dtype: Dtype, shape: &[u64]) -> Vec<u8> {
+    let dims = match shape {
+        [n] => format!("({n},)"),
+        _ => format!("({})", shape.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")),
+    };
+    let dict = format!("{{'descr': '{}', 'fortran_order': False, 'shape': {dims}, }}", dtype.descr());
     let unpadded = 10 + dict.len() + 1;
     let total = unpadded.div_ceil(64) * 64;
     let mut h = Vec::with_capacity(total);
@@ -20,16 +36,62 @@ pub fn npy_header(dtype: Dtype, len: u64) -> Vec<u8> {
     h
 }
 
+/// The header of one `npy` member: a 1-D array of `len` ids.
+pub fn npy_header(dtype: Dtype, len: u64) -> Vec<u8> {
+    npy_header_shaped(dtype, &[len])
+}
+
+/// Bytes a tar member of `size` bytes of data takes (header block + data padded to blocks).
+pub fn member_span(size: u64) -> u64 {
+    TAR_BLOCK + size.div_ceil(TAR_BLOCK) * TAR_BLOCK
+}
+
 /// Byte distance between consecutive `npy` members of a chunk (header block + padded data).
 pub fn npy_stride(dtype: Dtype, seqlen: u64) -> u64 {
-    let data = npy_header(dtype, seqlen).len() as u64 + seqlen * dtype.size() as u64;
-    TAR_BLOCK + data.div_ceil(TAR_BLOCK) * TAR_BLOCK
+    member_span(npy_header(dtype, seqlen).len() as u64 + seqlen * dtype.size() as u64)
+}
+
+/// How the contexts of one chunk are cut into members of a block format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Blocking {
+    /// Contexts per member (the last member of a chunk may hold fewer).
+    pub block_size: u64,
+    pub seqlen: u64,
+    pub dtype: Dtype,
+}
+
+impl Blocking {
+    /// Members of a chunk of `n` contexts.
+    pub fn blocks(&self, n: u64) -> u64 {
+        n.div_ceil(self.block_size)
+    }
+    /// Contexts in member `b` of a chunk of `n`.
+    pub fn rows(&self, n: u64, b: u64) -> u64 {
+        (n - b * self.block_size).min(self.block_size)
+    }
+    /// The npy file of a block of `rows` contexts (what a member holds, before compression).
+    pub fn header(&self, rows: u64) -> Vec<u8> {
+        npy_header_shaped(self.dtype, &[rows, self.seqlen])
+    }
+    pub fn array_bytes(&self, rows: u64) -> u64 {
+        self.header(rows).len() as u64 + rows * self.seqlen * self.dtype.size() as u64
+    }
+    /// `blocks`: distance between consecutive members (all but a chunk's last are full).
+    pub fn stride(&self) -> u64 {
+        member_span(self.array_bytes(self.block_size))
+    }
+    /// `blocks`: bytes of a shard of `n` contexts.
+    pub fn shard_bytes(&self, n: u64) -> u64 {
+        let nb = self.blocks(n);
+        (nb - 1) * self.stride() + member_span(self.array_bytes(self.rows(n, nb - 1))) + 2 * TAR_BLOCK
+    }
 }
 
 pub fn member_name(chunk: u64, index: u64, format: Format) -> String {
     match format {
-        Format::Npy => format!("{chunk:08}_{index:08}.npy"),
+        Format::Npy | Format::Blocks => format!("{chunk:08}_{index:08}.npy"),
         Format::JsonGz => format!("{chunk:08}_{index:08}.json.gz"),
+        Format::BlocksZst => format!("{chunk:08}_{index:08}.npy.zst"),
     }
 }
 
@@ -41,9 +103,92 @@ pub fn decode_ids(dtype: Dtype, raw: &[u8]) -> impl Iterator<Item = u32> + '_ {
     })
 }
 
+/// The ids of a NumPy file (format 1.0 to 3.0) holding a 1-D little-endian array of
+/// non-negative integers below 2^32, whatever its integer type: tokshuf writes `<u2`/`<u4`,
+/// other tools other widths.
+pub fn parse_npy_ids(data: &[u8]) -> Result<Vec<u32>, String> {
+    let bad = |what: &str| Err(format!("not a 1-D integer NumPy array: {what}"));
+    if data.len() < 10 || &data[..6] != b"\x93NUMPY" {
+        return bad("no NumPy magic");
+    }
+    let (len, start) = match data[6] {
+        1 => (u16::from_le_bytes([data[8], data[9]]) as usize, 10),
+        2 | 3 if data.len() >= 12 => (u32::from_le_bytes([data[8], data[9], data[10], data[11]]) as usize, 12),
+        v => return bad(&format!("format version {v}")),
+    };
+    let Some(header) = data.get(start..start + len).and_then(|h| std::str::from_utf8(h).ok()) else {
+        return bad("truncated header");
+    };
+    let field = |key: &str| -> Option<&str> {
+        let rest = &header[header.find(&format!("'{key}':"))? + key.len() + 3..];
+        Some(rest.trim_start())
+    };
+    let descr = field("descr").and_then(|r| r.strip_prefix('\'')).and_then(|r| r.split('\'').next());
+    let (signed, width) = match descr {
+        Some(d) if d.len() >= 3 && (d.starts_with('<') || d.starts_with('|')) => match (&d[1..2], d[2..].parse::<usize>()) {
+            ("u", Ok(w @ (1 | 2 | 4 | 8))) => (false, w),
+            ("i", Ok(w @ (1 | 2 | 4 | 8))) => (true, w),
+            _ => return bad(&format!("dtype {d:?}")),
+        },
+        other => return bad(&format!("dtype {other:?}")),
+    };
+    if field("fortran_order").is_some_and(|r| r.starts_with("True")) {
+        return bad("Fortran order");
+    }
+    let shape = field("shape").and_then(|r| r.strip_prefix('(')).and_then(|r| r.split(')').next()).unwrap_or("");
+    let dims: Vec<&str> = shape.split(',').map(str::trim).filter(|d| !d.is_empty()).collect();
+    let Some(n) = (dims.len() == 1).then(|| dims[0].parse::<usize>().ok()).flatten() else {
+        return bad(&format!("shape ({shape})"));
+    };
+    let body = &data[start + len..];
+    if body.len() != n * width {
+        return bad(&format!("{} data bytes for {n} items of {width} bytes", body.len()));
+    }
+    body.chunks_exact(width)
+        .map(|c| {
+            let mut b = [0u8; 8];
+            b[..width].copy_from_slice(c);
+            let negative = signed && c[width - 1] & 0x80 != 0;
+            let v = u64::from_le_bytes(b);
+            match u32::try_from(v) {
+                Ok(id) if !negative => Ok(id),
+                _ => Err("an id is negative or above 2^32".to_string()),
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn npy_ids_round_trip_and_other_integer_types_are_read() {
+        for dtype in [Dtype::Uint16, Dtype::Uint32] {
+            let mut f = npy_header(dtype, 3);
+            for id in [7u32, 0, 65535] {
+                f.extend_from_slice(&id.to_le_bytes()[..dtype.size()]);
+            }
+            assert_eq!(parse_npy_ids(&f).unwrap(), [7, 0, 65535]);
+        }
+        // What numpy.save writes for an int64 array (format 1.0), and variations of it.
+        let npy = |dict: &str, body: &[i64]| {
+            let mut f = b"\x93NUMPY\x01\x00".to_vec();
+            f.extend_from_slice(&(dict.len() as u16).to_le_bytes());
+            f.extend_from_slice(dict.as_bytes());
+            f.extend(body.iter().flat_map(|v| v.to_le_bytes()));
+            f
+        };
+        let i8s = "{'descr': '<i8', 'fortran_order': False, 'shape': (2,), }";
+        assert_eq!(parse_npy_ids(&npy(i8s, &[5, 70000])).unwrap(), [5, 70000]);
+        assert!(parse_npy_ids(&npy(i8s, &[5, -1])).unwrap_err().contains("negative"));
+        assert!(parse_npy_ids(&npy(i8s, &[5, 1 << 40])).unwrap_err().contains("above 2^32"));
+        assert!(parse_npy_ids(&npy(i8s, &[5])).unwrap_err().contains("data bytes"));
+        assert!(parse_npy_ids(&npy(&i8s.replace("(2,)", "(1, 2)"), &[5, 6])).unwrap_err().contains("shape"));
+        assert!(parse_npy_ids(&npy(&i8s.replace("<i8", "<f8"), &[5, 6])).unwrap_err().contains("dtype"));
+        assert!(parse_npy_ids(&npy(&i8s.replace("False", "True"), &[5, 6])).unwrap_err().contains("Fortran"));
+        assert!(parse_npy_ids(b"[1, 2]").is_err());
+    }
 
     #[test]
     fn npy_header_is_numpy_shaped() {
@@ -52,5 +197,13 @@ mod tests {
         assert_eq!(h.len(), 128);
         assert!(h.ends_with(b"\n"));
         assert_eq!(npy_stride(Dtype::Uint16, 2049), 512 + 4608);
+        let b = Blocking { block_size: 64, seqlen: 2049, dtype: Dtype::Uint16 };
+        assert!(String::from_utf8_lossy(&b.header(64)).contains("'shape': (64, 2049), }"));
+        // 2.01 bytes per id at seqlen 2049: the overhead of a member is shared by 64 contexts.
+        let per_token = b.stride() as f64 / (64.0 * 2049.0);
+        assert!(per_token < 2.02, "{per_token}");
+        assert_eq!(b.blocks(130), 3);
+        assert_eq!(b.rows(130, 2), 2);
+        assert_eq!(b.shard_bytes(128), 2 * b.stride() + 1024);
     }
 }

@@ -26,20 +26,72 @@ pub enum Packing {
     Concat,
     /// Best-fit decreasing over a window of documents: no document that fits is split.
     Bestfit,
+    /// Every document (cut at `seqlen`) is an example of its own length, in length bins.
+    #[serde(rename = "none")]
+    Unpacked,
 }
 
 impl Packing {
     pub fn is_concat(&self) -> bool {
         *self == Packing::Concat
     }
+    pub fn is_unpacked(&self) -> bool {
+        *self == Packing::Unpacked
+    }
 }
 
+/// What the input files hold.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InputKind {
+    /// jsonl documents, tokenized and windowed (DESIGN §4).
+    #[default]
+    Jsonl,
+    /// Tar shards of contexts (a tokshuf or tokshuf-rs cache's): each member is one context,
+    /// taken as it is and shuffled again (`--shuffle-only`).
+    Shards,
+}
+
+impl InputKind {
+    pub fn is_jsonl(&self) -> bool {
+        *self == InputKind::Jsonl
+    }
+}
+
+/// How contexts are stored in a shard's tar members (DESIGN §3, docs/format.md §3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Format {
+    /// One 1-D npy array per context.
     #[serde(rename = "npy")]
     Npy,
+    /// One gzipped JSON list per context.
     #[serde(rename = "json.gz")]
     JsonGz,
+    /// One 2-D npy array of `block_size` contexts per member.
+    #[serde(rename = "blocks")]
+    Blocks,
+    /// The `blocks` members, each compressed as one zstd frame.
+    #[serde(rename = "blocks.zst")]
+    BlocksZst,
+}
+
+impl Format {
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Npy => "npy",
+            Format::JsonGz => "json.gz",
+            Format::Blocks => "blocks",
+            Format::BlocksZst => "blocks.zst",
+        }
+    }
+    /// Members hold `block_size` contexts each.
+    pub fn is_blocked(self) -> bool {
+        matches!(self, Format::Blocks | Format::BlocksZst)
+    }
+    /// Members differ in size: a shard is indexed by a scan of its tar headers.
+    pub fn variable_members(self) -> bool {
+        matches!(self, Format::JsonGz | Format::BlocksZst)
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -105,9 +157,21 @@ pub struct Recipe {
     /// Documents per best-fit window (bestfit only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pack_window: Option<u64>,
+    /// Unpacked caches: the length bins' upper bounds, ascending, the last one `seqlen`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bins: Option<Vec<u32>>,
+    /// Contexts per member (block formats only, so other recipes are unchanged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_size: Option<u64>,
+    /// zstd level of the members (`blocks.zst` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zstd_level: Option<i32>,
+    /// Absent (jsonl) in caches made before shards could be inputs, so their recipes match.
+    #[serde(default, skip_serializing_if = "InputKind::is_jsonl")]
+    pub input_kind: InputKind,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct TokenizerInfo {
     pub spec: String,
     pub sha256: String,
@@ -115,14 +179,32 @@ pub struct TokenizerInfo {
     pub backend: String,
 }
 
+/// Two tokenizers are the same when their data and implementation are: the spec is only how
+/// it was named (a relative or absolute path, `hf:ORG/NAME`), so a build resumes however its
+/// tokenizer is spelled.
+impl PartialEq for TokenizerInfo {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.sha256, self.vocab_size, &self.backend) == (&other.sha256, other.vocab_size, &other.backend)
+    }
+}
+
+impl Eq for TokenizerInfo {}
+
 impl Recipe {
+    /// Whether stage 1 leaves tails to stitch into one more file (one more spill and summary,
+    /// DESIGN §4): concat with tail "stitch" (best fit stitches an empty one); unpacked builds
+    /// and shard inputs have no tails.
+    pub fn stitches_tails(&self) -> bool {
+        self.tail == Tail::Stitch && !self.packing.is_unpacked() && self.input_kind.is_jsonl()
+    }
+
     /// Names of the fields that differ, for an error that says what changed.
     pub fn differences(&self, other: &Recipe) -> Vec<String> {
         let a = serde_json::to_value(self).unwrap_or_default();
         let b = serde_json::to_value(other).unwrap_or_default();
         let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else { return vec!["recipe".into()] };
         a.keys()
-            .filter(|k| a.get(*k) != b.get(*k))
+            .filter(|k| if *k == "tokenizer" { self.tokenizer != other.tokenizer } else { a.get(*k) != b.get(*k) })
             .map(|k| {
                 if k == "inputs" {
                     let inputs_a: Vec<_> = self.inputs.iter().collect();
@@ -162,6 +244,11 @@ pub struct FileSummary {
     pub documents_split: u64,
     #[serde(default)]
     pub concat_documents_split: u64,
+    /// Unpacked builds: examples and real tokens of this file in each length bin.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bin_examples: Vec<u64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bin_tokens: Vec<u64>,
 }
 
 /// How far a build is. It only ever moves forward: building (shuffled) or streaming
@@ -241,6 +328,9 @@ pub struct Metadata {
     /// R* readers should use when none is given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ideal_readers: Option<u64>,
+    /// Contexts per member (block formats only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_size: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokshuf_version: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -276,6 +366,9 @@ pub struct Metadata {
     #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
     pub totals: Option<Totals>,
     /// Chunks written so far while a streaming build runs.
+    /// Unpacked caches: one entry per length bin (sub-cache `bin_KK/`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bins: Option<Vec<BinInfo>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub num_chunks_ready: Option<u64>,
     /// Bytes of all shards (complete caches).
@@ -285,6 +378,17 @@ pub struct Metadata {
     /// that is not a pure function of its recipe.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub build: Option<Value>,
+}
+
+/// One length bin of an unpacked cache, as tokshuf.json records it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BinInfo {
+    /// Longest example of the bin; the shortest is one more than the previous bin's bound.
+    pub max_len: u64,
+    pub num_chunks: u64,
+    pub num_examples: u64,
+    /// Real ids of its examples (there is no padding in an unpacked cache).
+    pub num_tokens: u64,
 }
 
 fn yes() -> bool {
@@ -304,6 +408,7 @@ impl Metadata {
             shuffle: recipe.shuffle,
             recipe: serde_json::to_value(recipe).unwrap_or_default(),
             ideal_readers: None,
+            block_size: recipe.block_size,
             tokshuf_version: Some(VERSION.to_string()),
             tokenizer: Some(recipe.tokenizer.clone()),
             eot_id: Some(recipe.eot_id),
@@ -319,6 +424,7 @@ impl Metadata {
             num_contexts: None,
             chunk_sizes: None,
             totals: None,
+            bins: None,
             num_chunks_ready: None,
             bytes_out: None,
             build: Some(build),
@@ -363,7 +469,8 @@ fn choose<T: Copy>(name: &str, value: &str, table: &[(&str, T)]) -> crate::error
 impl std::str::FromStr for Format {
     type Err = crate::error::Error;
     fn from_str(s: &str) -> crate::error::Result<Self> {
-        choose("format", s, &[("npy", Format::Npy), ("json.gz", Format::JsonGz)])
+        let all = [Format::Npy, Format::JsonGz, Format::Blocks, Format::BlocksZst];
+        choose("format", s, &all.map(|f| (f.name(), f)))
     }
 }
 
@@ -384,6 +491,6 @@ impl std::str::FromStr for ErrorPolicy {
 impl std::str::FromStr for Packing {
     type Err = crate::error::Error;
     fn from_str(s: &str) -> crate::error::Result<Self> {
-        choose("packing", s, &[("concat", Packing::Concat), ("bestfit", Packing::Bestfit)])
+        choose("packing", s, &[("concat", Packing::Concat), ("bestfit", Packing::Bestfit), ("none", Packing::Unpacked)])
     }
 }

@@ -4,6 +4,7 @@
 //! nothing of each other.
 
 mod atomic;
+pub mod idx;
 mod layout;
 pub mod lock;
 mod manifest;
@@ -11,13 +12,16 @@ mod meta;
 mod names;
 
 pub use atomic::{is_tmp, read_json, tmp_base, tmp_name, to_json_bytes, write_atomic, write_atomic_as};
-pub use layout::{decode_ids, member_name, npy_header, npy_stride, TAR_BLOCK};
+pub use layout::{
+    decode_ids, member_name, member_span, npy_header, npy_header_shaped, npy_stride, parse_npy_ids, Blocking, DEFAULT_BLOCK_SIZE,
+    MAX_BLOCK_SIZE, TAR_BLOCK, ZSTD_LEVEL,
+};
 pub use manifest::ManifestLine;
 pub use meta::{
-    Dtype, ErrorPolicy, FileSummary, Format, InputFile, Metadata, Packing, PackingFigures, Recipe, Status, Tail, TokenizerInfo, Totals,
-    FORMAT_VERSION, VERSION,
+    BinInfo, Dtype, ErrorPolicy, FileSummary, Format, InputFile, InputKind, Metadata, Packing, PackingFigures, Recipe, Status, Tail,
+    TokenizerInfo, Totals, FORMAT_VERSION, VERSION,
 };
-pub use names::{is_data, is_ours, shard_path, shard_stem, LOCK_NAME, MANIFEST_NAME, META_NAME, WORK_NAME};
+pub use names::{bin_dir, is_data, is_ours, shard_path, shard_stem, LOCK_NAME, MANIFEST_NAME, META_NAME, WORK_NAME};
 
 /// Lower-case hex of a digest.
 pub fn hex(bytes: &[u8]) -> String {

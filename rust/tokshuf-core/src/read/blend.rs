@@ -564,7 +564,7 @@ mod tests {
         let sched = Arc::new(Schedule::new(&[0.5, 0.2, 0.3], 17).unwrap());
         let opts = OrderOptions { ideal_readers: 3, seed: 4, reshuffle: true };
         for single_pass in [false, true] {
-            let comps: Vec<Arc<dyn Source>> = layouts.iter().map(|(s, cs)| cache_source(s, *cs, opts, single_pass)).collect();
+            let comps: Vec<Arc<dyn Source>> = layouts.iter().map(|(s, cs)| cache_source(s, *cs, 1, opts, single_pass)).collect();
             let src = BlendSource::new(sched.clone(), comps.clone()).unwrap();
             let totals: Vec<u64> = layouts.iter().map(|(s, _)| s.iter().sum()).collect();
             assert_eq!(src.num_examples(), single_pass.then(|| sched.cover_length(&totals).unwrap()));
@@ -580,9 +580,10 @@ mod tests {
                 assert_eq!(seen.len() as u64, totals.iter().sum::<u64>(), "a single pass covers everything");
             }
         }
-        let mixed = vec![cache_source(&[2], 2, opts, true), cache_source(&[2], 2, opts, false), cache_source(&[2], 2, opts, false)];
+        let mixed =
+            vec![cache_source(&[2], 2, 1, opts, true), cache_source(&[2], 2, 1, opts, false), cache_source(&[2], 2, 1, opts, false)];
         assert!(BlendSource::new(sched.clone(), mixed).is_err());
-        assert!(BlendSource::new(sched, vec![cache_source(&[2], 2, opts, true)]).is_err());
+        assert!(BlendSource::new(sched, vec![cache_source(&[2], 2, 1, opts, true)]).is_err());
     }
 
     #[test]

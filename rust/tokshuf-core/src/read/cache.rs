@@ -1,14 +1,13 @@
 //! An opened cache: random access to contexts (DESIGN §2-3). Opening runs the checks of
 //! `validate`; shards are mapped lazily, on first use, at most `MAX_MAPPED` at a time (the
-//! kernel limits mappings per process): `npy` chunks are read at their fixed stride, `json.gz`
-//! chunks through an index of member offsets built by one scan of the tar headers (`members`).
+//! kernel limits mappings per process), and read by `chunk` in their member format.
 //!
 //! Fork safety: the mutable part (the mapped chunks) lives in a `PerProcess` slot, so a child
 //! forked while a thread of the parent held its lock starts from a fresh slot.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
-use std::io::Read;
+use std::mem::MaybeUninit;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
@@ -16,28 +15,25 @@ use std::sync::{Arc, Mutex};
 use memmap2::Mmap;
 use sha2::{Digest, Sha256};
 
+use super::block_cache::BlockCache;
+use super::chunk::Chunk;
+pub use super::chunk::Layout;
 pub use super::members::Id;
-use super::members::{header_name_is, index_json_gz, parse_id_list};
 use super::order::{cache_source, OrderOptions, Source};
 use super::per_process::PerProcess;
-pub use super::validate::{check_shard, parse_manifest, parse_manifest_all, read_meta, recipe_fingerprint, CacheMeta, ChunkEntry};
-use super::validate::{check_shards, check_size};
+use super::validate::check_shards;
+pub use super::validate::{
+    check_shard, check_shards_of, parse_manifest, parse_manifest_all, read_meta, recipe_fingerprint, CacheMeta, ChunkEntry,
+};
 use crate::error::{Error, Result};
-use crate::format::{self, shard_path, Dtype, Format, MANIFEST_NAME, META_NAME};
+use crate::format::{shard_path, Format, MANIFEST_NAME, META_NAME};
 
 /// Chunks mapped at once per cache and process (Linux allows ~65k mappings per process).
 const MAX_MAPPED: usize = 1024;
 
-/// A chunk ready to read.
-enum Mapped {
-    Npy(Mmap),
-    /// Data range of each member.
-    JsonGz(Mmap, Vec<(usize, usize)>),
-}
-
 #[derive(Default)]
 struct Maps {
-    by_chunk: HashMap<u64, Arc<Mapped>>,
+    by_chunk: HashMap<u64, Arc<Chunk>>,
     fifo: VecDeque<u64>,
 }
 
@@ -75,9 +71,10 @@ pub struct Cache {
     pub final_plan: bool,
     /// Set when opened on an unfinished build (follow mode): how the cache learns its chunks.
     growing: Option<Arc<dyn Growing>>,
-    stride: u64,
-    npy_header: Vec<u8>,
+    pub layout: Layout,
     maps: PerProcess<Mutex<Maps>>,
+    /// `blocks.zst`: decoded blocks.
+    blocks: PerProcess<BlockCache>,
     /// A cache in an object store: shards are brought into `root` before they are mapped.
     remote: Option<Arc<super::remote::RemoteShards>>,
 }
@@ -93,13 +90,28 @@ impl Cache {
         Self::open_with(root, true)
     }
 
-    /// `check_files`: stat every shard now (else each shard's size is checked when it is
-    /// first mapped, which every read does anyway; for very large caches opened often).
+    /// `check_files`: check now that every shard exists (one directory listing). Each shard's
+    /// size is checked when it is first mapped, whatever `check_files` says.
     pub fn open_with(root: &Path, check_files: bool) -> Result<Cache> {
         let meta = read_meta(root, true)?;
         let mpath = root.join(MANIFEST_NAME);
         let text = std::fs::read(&mpath).map_err(|e| Error::corrupt(&mpath, format!("cannot read: {e}")))?;
-        let chunks = parse_manifest_all(&mpath, &text, meta.chunk_size)?;
+        let recipe = serde_json::to_string(&meta.raw["recipe"]).unwrap_or_default();
+        // The fingerprint hashes the whole manifest: on another thread, while it is parsed.
+        let (chunks, fingerprint) = std::thread::scope(|s| {
+            let hashing = s.spawn(|| {
+                let mut h = Sha256::new();
+                h.update(b"tokshuf-cache-v1\0");
+                h.update(&text);
+                h.update(b"\0");
+                h.update(recipe.as_bytes());
+                crate::format::hex(&h.finalize())
+            });
+            let chunks = parse_manifest_all(&mpath, &text, meta.chunk_size);
+            (chunks, hashing.join())
+        });
+        let chunks = chunks?;
+        let fingerprint = fingerprint.map_err(|_| Error::Config("manifest hashing thread panicked".into()))?;
         let meta_path = root.join(META_NAME);
         if chunks.len() as u64 != meta.num_chunks {
             return Err(Error::corrupt(&mpath, format!("{} lines, tokshuf.json says num_chunks {}", chunks.len(), meta.num_chunks)));
@@ -121,16 +133,9 @@ impl Cache {
                 format!("line {}: only the last chunk of a shuffled cache may hold fewer than {} contexts", k + 1, meta.chunk_size),
             ));
         }
-        let stride = format::npy_stride(meta.dtype, meta.seqlen);
         if check_files {
-            check_shards(root, &chunks, meta.format, stride)?;
+            check_shards(root, &chunks)?;
         }
-        let mut h = Sha256::new();
-        h.update(b"tokshuf-cache-v1\0");
-        h.update(&text);
-        h.update(b"\0");
-        h.update(serde_json::to_string(&meta.raw["recipe"]).unwrap_or_default().as_bytes());
-        let fingerprint = crate::format::hex(&h.finalize());
         Ok(Cache::from_parts(root, meta, chunks, Some(fingerprint), None))
     }
 
@@ -151,8 +156,7 @@ impl Cache {
         let growing = growing.map(|g| g.0);
         Cache {
             root: root.to_path_buf(),
-            npy_header: format::npy_header(meta.dtype, meta.seqlen),
-            stride: format::npy_stride(meta.dtype, meta.seqlen),
+            layout: Layout::new(meta.format, meta.dtype, meta.seqlen, meta.block_size).ragged(meta.ragged),
             meta,
             chunks,
             cumulative,
@@ -161,6 +165,7 @@ impl Cache {
             final_plan,
             growing,
             maps: PerProcess::new(),
+            blocks: PerProcess::new(),
             remote: None,
         }
     }
@@ -220,7 +225,7 @@ impl Cache {
 
     /// The size checks of chunk `c`'s shard against `entry` (follow mode: as each appears).
     pub fn check_chunk(&self, c: u64, entry: &ChunkEntry) -> Result<()> {
-        check_shard(&self.root, c, entry, self.meta.format, self.stride).map(|_| ())
+        check_shard(&self.root, c, entry, &self.layout).map(|_| ())
     }
 
     /// Every chunk's size (following a build: waits for the chunk plan).
@@ -250,8 +255,17 @@ impl Cache {
         }
         Ok(match &self.growing {
             Some(g) if !self.final_plan => g.clone().source(self.clone(), opts, single_pass),
-            _ => cache_source(&self.sizes(), self.meta.chunk_size, opts, single_pass),
+            _ => cache_source(&self.sizes(), self.meta.chunk_size, self.order_block(), opts, single_pass),
         })
+    }
+
+    /// Contexts that later epochs keep together (§6): a `blocks.zst` block is decoded whole.
+    pub fn order_block(&self) -> u64 {
+        if self.meta.format == Format::BlocksZst {
+            self.layout.block_size()
+        } else {
+            1
+        }
     }
 
     pub fn len(&self) -> u64 {
@@ -280,7 +294,7 @@ impl Cache {
         Some((c as u64, i - self.cumulative[c]))
     }
 
-    fn mapped(&self, c: u64) -> Result<Arc<Mapped>> {
+    fn mapped(&self, c: u64) -> Result<Arc<Chunk>> {
         let maps = self.maps.get(|| Mutex::new(Maps::default()));
         {
             let mut g = maps.lock().unwrap_or_else(|e| e.into_inner());
@@ -292,6 +306,7 @@ impl Cache {
                 // given back, and bring it in again.
                 g.by_chunk.remove(&c);
                 g.fifo.retain(|&x| x != c);
+                self.block_cache().forget(c);
             }
         }
         // Map outside the lock: other threads keep reading other chunks meanwhile.
@@ -310,7 +325,34 @@ impl Cache {
         Ok(fresh)
     }
 
-    fn map_chunk(&self, c: u64) -> Result<Mapped> {
+    /// Number of ids of example `index` of chunk `c` (a ragged cache; else `seqlen`).
+    pub fn example_len(&self, c: u64, index: u64) -> Result<usize> {
+        if !self.meta.ragged {
+            return Ok(self.seqlen());
+        }
+        let chunk = self.mapped(c)?;
+        self.layout.ragged_member(&chunk, &shard_path(&self.root, c), c, index).map(|m| m.1)
+    }
+
+    /// Read example `index` of ragged chunk `c` into the start of `out` (at least as long as
+    /// the example); returns its length.
+    pub fn read_ragged<T: Id>(&self, c: u64, index: u64, out: &mut [T]) -> Result<usize> {
+        let chunk = self.mapped(c)?;
+        let (data, len) = self.layout.ragged_member(&chunk, &shard_path(&self.root, c), c, index)?;
+        if len > out.len() {
+            return Err(Error::Config(format!("internal error: example of {len} ids in a row of {}", out.len())));
+        }
+        for (o, id) in out[..len].iter_mut().zip(crate::format::decode_ids(self.meta.dtype, data)) {
+            *o = T::from_id(id);
+        }
+        Ok(len)
+    }
+
+    fn block_cache(&self) -> &BlockCache {
+        self.blocks.get(|| BlockCache::new(self.layout.block_bytes()))
+    }
+
+    fn map_chunk(&self, c: u64) -> Result<Chunk> {
         let path = shard_path(&self.root, c);
         let entry = &self.entry(c).ok_or_else(|| Error::corrupt(&path, format!("chunk {c} is not in the cache's plan or manifest")))?;
         if let Some(r) = &self.remote {
@@ -325,86 +367,31 @@ impl Cache {
         if mmap.len() as u64 != len {
             return Err(Error::corrupt(&path, "shard changed while being mapped"));
         }
-        match self.meta.format {
-            Format::Npy => {
-                check_size(&path, entry, len, Format::Npy, self.stride)?;
-                for i in [0, entry.size - 1] {
-                    let at = (i * self.stride) as usize;
-                    let header = &mmap[at..at + 512];
-                    let name = format::member_name(c, i, Format::Npy);
-                    if !header_name_is(header, &name) {
-                        return Err(Error::corrupt(&path, format!("member {i} is not named {name:?}: not the fixed-stride layout")));
-                    }
-                    let h = &mmap[at + 512..at + 512 + self.npy_header.len()];
-                    if h != self.npy_header.as_slice() {
-                        return Err(Error::corrupt(&path, format!("member {name}: npy header differs from the cache's dtype/seqlen")));
-                    }
-                }
-                Ok(Mapped::Npy(mmap))
-            }
-            Format::JsonGz => {
-                check_size(&path, entry, len, Format::JsonGz, self.stride)?;
-                let members = index_json_gz(&path, &mmap, c, entry.size)?;
-                Ok(Mapped::JsonGz(mmap, members))
-            }
-        }
+        self.layout.open(&path, c, entry, mmap)
     }
 
-    fn read_mapped<T: Id>(&self, mapped: &Mapped, c: u64, index: u64, out: &mut [T]) -> Result<()> {
+    /// Read contexts `locs` ((chunk, index) pairs) into the rows of `out` (len = pairs *
+    /// seqlen), writing every element. Rows are read grouped by chunk (one mapping lookup per
+    /// chunk, and each chunk's rows in order), whatever order `locs` gives them in.
+    pub fn read_many<T: Id>(&self, locs: &[(u64, u64)], out: &mut [MaybeUninit<T>]) -> Result<()> {
         let seqlen = self.seqlen();
-        debug_assert_eq!(out.len(), seqlen);
-        match mapped {
-            Mapped::Npy(mmap) => {
-                let at = (index * self.stride + format::TAR_BLOCK) as usize + self.npy_header.len();
-                match self.meta.dtype {
-                    Dtype::Uint16 => {
-                        let src = &mmap[at..at + 2 * seqlen];
-                        for (o, b) in out.iter_mut().zip(src.chunks_exact(2)) {
-                            *o = T::from_id(u16::from_le_bytes([b[0], b[1]]) as u32);
-                        }
-                    }
-                    Dtype::Uint32 => {
-                        let src = &mmap[at..at + 4 * seqlen];
-                        for (o, b) in out.iter_mut().zip(src.chunks_exact(4)) {
-                            *o = T::from_id(u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-                        }
-                    }
+        debug_assert_eq!(out.len(), locs.len() * seqlen);
+        let mut order: Vec<u32> = (0..locs.len() as u32).collect();
+        order.sort_unstable_by_key(|&k| locs[k as usize]);
+        let blocks = (self.meta.format == Format::BlocksZst).then(|| self.block_cache());
+        let mut rows = out.chunks_exact_mut(seqlen).map(Some).collect::<Vec<_>>();
+        let mut k = 0;
+        while k < order.len() {
+            let c = locs[order[k] as usize].0;
+            let chunk = self.mapped(c)?;
+            let path = shard_path(&self.root, c);
+            while k < order.len() && locs[order[k] as usize].0 == c {
+                let j = order[k] as usize;
+                if let Some(row) = rows[j].take() {
+                    self.layout.read_row(&chunk, &path, c, locs[j].1, blocks, row)?;
                 }
-                Ok(())
+                k += 1;
             }
-            Mapped::JsonGz(mmap, members) => {
-                let (start, len) = members[index as usize];
-                let path = shard_path(&self.root, c);
-                let name = format::member_name(c, index, Format::JsonGz);
-                let mut text = Vec::with_capacity(seqlen * 6 + 2);
-                let limit = (seqlen as u64) * 11 + 64;
-                flate2::read::GzDecoder::new(&mmap[start..start + len])
-                    .take(limit)
-                    .read_to_end(&mut text)
-                    .map_err(|e| Error::corrupt(&path, format!("member {name}: bad gzip data: {e}")))?;
-                let max = match self.meta.dtype {
-                    Dtype::Uint16 => u16::MAX as u64,
-                    Dtype::Uint32 => u32::MAX as u64,
-                };
-                parse_id_list(&text, max, out).map_err(|reason| Error::corrupt(&path, format!("member {name}: {reason}")))
-            }
-        }
-    }
-
-    /// Read many (chunk, index) pairs into `out` (len = pairs * seqlen), reusing mappings.
-    pub fn read_many<T: Id>(&self, locs: impl Iterator<Item = (u64, u64)>, out: &mut [T]) -> Result<()> {
-        let seqlen = self.seqlen();
-        let mut last: Option<(u64, Arc<Mapped>)> = None;
-        for ((c, i), row) in locs.zip(out.chunks_exact_mut(seqlen)) {
-            let m = match &last {
-                Some((lc, m)) if *lc == c => m.clone(),
-                _ => {
-                    let m = self.mapped(c)?;
-                    last = Some((c, m.clone()));
-                    m
-                }
-            };
-            self.read_mapped(&m, c, i, row)?;
         }
         Ok(())
     }
@@ -412,6 +399,7 @@ impl Cache {
 
 #[cfg(test)]
 mod tests {
+    use super::super::members::parse_id_list;
     use super::*;
 
     #[test]
@@ -445,9 +433,9 @@ mod tests {
 
     #[test]
     fn id_list_parsing() {
-        let mut out = [0u32; 3];
+        let mut out = [MaybeUninit::<u32>::uninit(); 3];
         parse_id_list(b"[1,22,333]", 1000, &mut out).unwrap();
-        assert_eq!(out, [1, 22, 333]);
+        assert_eq!(out.map(|x| unsafe { x.assume_init() }), [1, 22, 333]);
         parse_id_list(b" [ 1 , 2,3 ] ", 1000, &mut out).unwrap();
         for bad in [&b"[1,2]"[..], b"[1,2,3,4]", b"[1,-2,3]", b"[1,2,3", b"1,2,3", b"[1,2,3]x", b"[1,2,99999]", b"[1,,3]"] {
             assert!(parse_id_list(bad, 1000, &mut out).is_err(), "{}", String::from_utf8_lossy(bad));

@@ -448,7 +448,11 @@ impl FollowSource {
         if !fin || sizes.is_empty() {
             return None;
         }
-        Some(self.fin.get_or_init(|| order::cache_source(&sizes, self.cache.meta.chunk_size, self.opts, self.single_pass)))
+        Some(
+            self.fin.get_or_init(|| {
+                order::cache_source(&sizes, self.cache.meta.chunk_size, self.cache.order_block(), self.opts, self.single_pass)
+            }),
+        )
     }
 
     /// Location of example i if the chunks known so far determine it.

@@ -1,24 +1,61 @@
-//! Reading tar members of `json.gz` shards (DESIGN §3): the member index and the id lists.
+//! Reading tar members (DESIGN §3): ids into the reader's output types, the member index of
+//! shards whose members vary in size (`json.gz`, `blocks.zst`), and `json.gz` id lists.
 
+use std::mem::MaybeUninit;
 use std::path::Path;
 
 use crate::error::{Error, Result};
-use crate::format::{self, Format};
+use crate::format::{self, Dtype, Format};
 
-/// Output element types of the reader.
+/// Output element types of the reader. Rows are written into uninitialized memory (a batch is
+/// never zeroed first: that would be one more pass over it); the bulk conversions are plain
+/// loops the compiler vectorizes, and a straight copy where the types agree.
 pub trait Id: Copy + Default + Send + Sync + 'static {
     fn from_id(x: u32) -> Self;
+    fn from_u16s(src: &[u16], out: &mut [MaybeUninit<Self>]) {
+        for (o, &x) in out.iter_mut().zip(src) {
+            o.write(Self::from_id(u16::from_le(x) as u32));
+        }
+    }
+    fn from_u32s(src: &[u32], out: &mut [MaybeUninit<Self>]) {
+        for (o, &x) in out.iter_mut().zip(src) {
+            o.write(Self::from_id(u32::from_le(x)));
+        }
+    }
 }
 impl Id for u16 {
     #[inline]
     fn from_id(x: u32) -> Self {
         x as u16
     }
+    fn from_u16s(src: &[u16], out: &mut [MaybeUninit<Self>]) {
+        if cfg!(target_endian = "little") {
+            let n = src.len().min(out.len());
+            // SAFETY: both ranges hold n u16s and do not overlap (a mapped shard or a decoded
+            // block, and a batch being filled).
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), out.as_mut_ptr().cast::<u16>(), n) }
+        } else {
+            for (o, &x) in out.iter_mut().zip(src) {
+                o.write(u16::from_le(x));
+            }
+        }
+    }
 }
 impl Id for u32 {
     #[inline]
     fn from_id(x: u32) -> Self {
         x
+    }
+    fn from_u32s(src: &[u32], out: &mut [MaybeUninit<Self>]) {
+        if cfg!(target_endian = "little") {
+            let n = src.len().min(out.len());
+            // SAFETY: as for u16.
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), out.as_mut_ptr().cast::<u32>(), n) }
+        } else {
+            for (o, &x) in out.iter_mut().zip(src) {
+                o.write(u32::from_le(x));
+            }
+        }
     }
 }
 impl Id for i32 {
@@ -31,6 +68,29 @@ impl Id for i64 {
     #[inline]
     fn from_id(x: u32) -> Self {
         x as i64
+    }
+}
+
+/// Write the little-endian ids `raw` (of `dtype`) into `out` (as many as it holds).
+pub(super) fn copy_ids<T: Id>(dtype: Dtype, raw: &[u8], out: &mut [MaybeUninit<T>]) {
+    // SAFETY: every bit pattern is a valid u16/u32; align_to returns the aligned middle part.
+    match dtype {
+        Dtype::Uint16 => match unsafe { raw.align_to::<u16>() } {
+            ([], ids, []) => T::from_u16s(ids, out),
+            _ => {
+                for (o, b) in out.iter_mut().zip(raw.chunks_exact(2)) {
+                    o.write(T::from_id(u16::from_le_bytes([b[0], b[1]]) as u32));
+                }
+            }
+        },
+        Dtype::Uint32 => match unsafe { raw.align_to::<u32>() } {
+            ([], ids, []) => T::from_u32s(ids, out),
+            _ => {
+                for (o, b) in out.iter_mut().zip(raw.chunks_exact(4)) {
+                    o.write(T::from_id(u32::from_le_bytes([b[0], b[1], b[2], b[3]])));
+                }
+            }
+        },
     }
 }
 
@@ -57,14 +117,19 @@ fn parse_octal(field: &[u8]) -> Option<u64> {
     (digits > 0).then_some(v)
 }
 
-/// Offsets of the data of each member of a json.gz shard, checking names, types, checksums and
-/// that exactly `n` members are followed by the end-of-archive blocks.
-pub(super) fn index_json_gz(path: &Path, data: &[u8], chunk: u64, n: u64) -> Result<Vec<(usize, usize)>> {
+/// The data size in a tar member header.
+pub(super) fn member_size(header: &[u8]) -> Option<usize> {
+    parse_octal(&header[124..136]).map(|s| s as usize)
+}
+
+/// Offsets of the data of each member of a shard whose members vary in size, checking names,
+/// types, checksums and that exactly `n` members are followed by the end-of-archive blocks.
+pub(super) fn index_members(path: &Path, data: &[u8], chunk: u64, n: u64, fmt: Format) -> Result<Vec<(usize, usize)>> {
     let block = format::TAR_BLOCK as usize;
     let mut members = Vec::with_capacity(n as usize);
     let mut off = 0usize;
     for i in 0..n {
-        let name = format::member_name(chunk, i, Format::JsonGz);
+        let name = format::member_name(chunk, i, fmt);
         let bad = |reason: String| Error::corrupt(path, format!("member {i} at byte {off}: {reason}"));
         if off + block > data.len() {
             return Err(bad("archive ends early".into()));
@@ -95,7 +160,7 @@ pub(super) fn index_json_gz(path: &Path, data: &[u8], chunk: u64, n: u64) -> Res
 }
 
 /// Parse a compact JSON list of ids (`[1,2,3]`, whitespace tolerated) into `out` exactly.
-pub(super) fn parse_id_list<T: Id>(text: &[u8], max: u64, out: &mut [T]) -> std::result::Result<(), String> {
+pub(super) fn parse_id_list<T: Id>(text: &[u8], max: u64, out: &mut [MaybeUninit<T>]) -> std::result::Result<(), String> {
     let mut pos = 0usize;
     let skip_ws = |pos: &mut usize| {
         while *pos < text.len() && matches!(text[*pos], b' ' | b'\n' | b'\r' | b'\t') {
@@ -129,7 +194,7 @@ pub(super) fn parse_id_list<T: Id>(text: &[u8], max: u64, out: &mut [T]) -> std:
         if count >= out.len() {
             return Err(format!("more than {} ids", out.len()));
         }
-        out[count] = T::from_id(v as u32);
+        out[count].write(T::from_id(v as u32));
         count += 1;
         skip_ws(&mut pos);
         match text.get(pos) {

@@ -2,11 +2,15 @@
 //! against R*, one rank's batches, reading a cache while it is built (follow mode), blends.
 
 pub mod blend;
+mod block_cache;
 pub mod cache;
+mod chunk;
 pub mod follow;
+mod manifest_line;
 mod members;
 pub mod order;
 pub(crate) mod per_process;
 pub mod reader;
 pub mod remote;
+pub mod unpacked;
 pub mod validate;

@@ -11,6 +11,11 @@
 //!   `combine(combine(DOMAIN_CHUNK_PERM, seed), e)`; σ_{e,c} permutes the contexts of chunk c,
 //!   keyed by `combine(combine(combine(DOMAIN_CONTEXT_PERM, seed), e), c)`. Without `reshuffle`
 //!   every π_e and σ_{e,c} is the identity.
+//! - A cache whose members are compressed blocks of B contexts (`blocks.zst`) is read a block at
+//!   a time, so there σ_{e,c} keeps blocks together: it permutes the chunk's full blocks
+//!   (keyed by `combine(key, DOMAIN_BLOCKS)`) and the contexts inside each block (keyed by
+//!   `combine(combine(key, DOMAIN_ROWS), block)`), a short last block staying last. Within an
+//!   epoch a stream then decodes each block once instead of once per context.
 //! - Stream r (0 <= r < R*) takes positions r, r+R*, r+2R*, ...; `example[i]` is context
 //!   i div R* of the concatenation of stream (i mod R*)'s chunks.
 //!
@@ -146,7 +151,23 @@ pub struct Order {
     /// Shorts sorted by (class, step), and prefix sums of their deficits (len + 1).
     table: Vec<Short>,
     deficit_prefix: Vec<u64>,
+    /// Contexts per block that σ keeps together (1: any context may go anywhere).
+    block: u64,
     fingerprint: String,
+}
+
+/// Domains of the two permutations of a block-preserving σ.
+const DOMAIN_BLOCKS: u64 = 0x626C6F636B73;
+const DOMAIN_ROWS: u64 = 0x726F7773;
+
+/// Image of `off` under the block-preserving permutation (keyed by `key`) of a chunk of `n`
+/// contexts in blocks of `block`: full blocks are permuted among themselves, then contexts
+/// within their block; the short last block (if any) stays last.
+fn block_permute(n: u64, block: u64, key: u64, off: u64) -> u64 {
+    let full = n / block;
+    let (b, r, rows) = if off < full * block { (off / block, off % block, block) } else { (full, off - full * block, n - full * block) };
+    let to = if b < full { Permutation::new(full, hash::combine(key, DOMAIN_BLOCKS)).apply(b) } else { b };
+    to * block + Permutation::new(rows, hash::combine(hash::combine(key, DOMAIN_ROWS), to)).apply(r)
 }
 
 impl Order {
@@ -194,8 +215,18 @@ impl Order {
             short_size,
             table,
             deficit_prefix,
+            block: 1,
             fingerprint,
         }
+    }
+
+    /// σ keeps blocks of `block` contexts together (see the module doc); 1 changes nothing.
+    pub fn with_blocks(mut self, block: u64) -> Order {
+        if block > 1 {
+            self.block = block;
+            self.fingerprint = format!("{} block={block}", self.fingerprint);
+        }
+        self
     }
 
     pub fn ideal_readers(&self) -> u64 {
@@ -312,7 +343,11 @@ impl Source for Order {
             off
         } else {
             let key = hash::combine(hash::combine(hash::combine(hash::DOMAIN_CONTEXT_PERM, self.seed), e), chunk);
-            Permutation::new(self.size_of(chunk), key).apply(off)
+            if self.block > 1 {
+                block_permute(self.size_of(chunk), self.block, key, off)
+            } else {
+                Permutation::new(self.size_of(chunk), key).apply(off)
+            }
         };
         Loc { component: 0, chunk, index }
     }
@@ -325,12 +360,12 @@ impl Source for Order {
 }
 
 /// The example source of one cache with chunk sizes `sizes`: its §6 order, or each context
-/// once in manifest order for a single pass.
-pub fn cache_source(sizes: &[u64], chunk_size: u64, opts: OrderOptions, single_pass: bool) -> Arc<dyn Source> {
+/// once in manifest order for a single pass. `block`: see `Order::with_blocks`.
+pub fn cache_source(sizes: &[u64], chunk_size: u64, block: u64, opts: OrderOptions, single_pass: bool) -> Arc<dyn Source> {
     if single_pass {
         Arc::new(SinglePass::new(sizes))
     } else {
-        Arc::new(Order::new(sizes, chunk_size, opts))
+        Arc::new(Order::new(sizes, chunk_size, opts).with_blocks(block))
     }
 }
 
@@ -370,6 +405,32 @@ impl Source for SinglePass {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn block_permutation_is_a_permutation_that_keeps_blocks_together() {
+        for (n, block) in [(1u64, 4u64), (8, 4), (10, 4), (3, 4), (130, 64), (64, 64)] {
+            for key in 0..5u64 {
+                let img: Vec<u64> = (0..n).map(|off| block_permute(n, block, key, off)).collect();
+                let mut sorted = img.clone();
+                sorted.sort_unstable();
+                assert_eq!(sorted, (0..n).collect::<Vec<_>>(), "n={n} block={block}");
+                for (off, &to) in img.iter().enumerate() {
+                    // Contexts of one source block land in one destination block.
+                    let first = img[off / block as usize * block as usize];
+                    assert_eq!(to / block, first / block);
+                    if off as u64 >= n / block * block {
+                        assert!(to >= n / block * block, "the short block stays last");
+                    }
+                }
+            }
+        }
+        let sizes = [8u64, 8, 8, 3];
+        let opts = OrderOptions { ideal_readers: 2, seed: 1, reshuffle: true };
+        let (plain, blocked) = (Order::new(&sizes, 8, opts), Order::new(&sizes, 8, opts).with_blocks(4));
+        assert_ne!(plain.describe(), blocked.describe());
+        let epoch0 = |o: &Order| (0..20).map(|i| o.locate(i)).collect::<Vec<_>>();
+        assert_eq!(epoch0(&plain), epoch0(&blocked), "epoch 0 is manifest order either way");
+    }
 
     /// Straight walk over positions: the definition, for small i.
     fn brute(sizes: &[u64], cs: u64, opts: OrderOptions, count: u64) -> Vec<Loc> {

@@ -193,42 +193,72 @@ impl BatchSpec {
     }
 
     fn fill<T: Id>(&self, locs: &[Loc]) -> Result<Vec<T>> {
-        let mut out = vec![T::default(); locs.len() * self.seqlen];
-        // Runs of rows from one cache (all of them for a single cache) go through `read_many`,
-        // which keeps a chunk's mapping while consecutive rows stay in it.
+        let n = locs.len() * self.seqlen;
+        let mut out: Vec<T> = Vec::with_capacity(n);
+        // Rows of one cache at a time (all of them for a single cache) go through `read_many`.
         let mut start = 0;
+        let mut pairs = Vec::with_capacity(locs.len());
         while start < locs.len() {
             let k = locs[start].component;
             let end = locs[start..].iter().position(|l| l.component != k).map_or(locs.len(), |n| start + n);
             let cache = self.caches.get(k).ok_or_else(|| Error::Config(format!("source names component {k} of {}", self.caches.len())))?;
-            let rows = &mut out[start * self.seqlen..end * self.seqlen];
-            cache.read_many(locs[start..end].iter().map(|l| (l.chunk, l.index)), rows)?;
+            pairs.clear();
+            pairs.extend(locs[start..end].iter().map(|l| (l.chunk, l.index)));
+            let rows = &mut out.spare_capacity_mut()[start * self.seqlen..end * self.seqlen];
+            cache.read_many(&pairs, rows)?;
             start = end;
         }
+        // SAFETY: `read_many` wrote every element of every row, and the rows cover 0..n.
+        unsafe { out.set_len(n) };
         Ok(out)
     }
 }
 
+/// What a `Prefetcher` assembles: batches addressed by their first global example.
+pub trait Assemble: Send + Sync + 'static {
+    type Out: Send + 'static;
+    fn batch_size(&self) -> u64;
+    /// The batch starting at example `first`, or None when none starts there (the end of a
+    /// single pass). May wait (follow mode) until `cancel` is set.
+    fn assemble_at(&self, first: u64, cancel: &AtomicBool) -> Result<Option<Self::Out>>;
+}
+
+impl Assemble for BatchSpec {
+    type Out = (usize, Batch);
+    fn batch_size(&self) -> u64 {
+        self.batch_size
+    }
+    fn assemble_at(&self, first: u64, cancel: &AtomicBool) -> Result<Option<(usize, Batch)>> {
+        if !self.has_batch_wait(first, cancel)? {
+            return Ok(None);
+        }
+        self.assemble_wait(first, cancel).map(Some)
+    }
+}
+
+/// What a read-ahead worker sends: a batch and its first example, or the error that stopped it.
+type Sent<O> = Result<(u64, O)>;
+
 /// Read-ahead: `threads` workers assemble batches `first + k B` into bounded channels.
-pub struct Prefetcher {
-    receivers: Vec<Receiver<Result<(u64, usize, Batch)>>>,
+pub struct Prefetcher<A: Assemble = BatchSpec> {
+    receivers: Vec<Receiver<Sent<A::Out>>>,
     next: u64,
     stop: Arc<AtomicBool>,
     pid: u32,
 }
 
 /// What the consumer gets from `Prefetcher::next`.
-pub enum Next {
-    Batch(u64, usize, Batch),
+pub enum Next<O> {
+    Batch(u64, O),
     End,
     Timeout,
 }
 
-impl Prefetcher {
+impl<A: Assemble> Prefetcher<A> {
     /// Batches start at `first + k * every * B` for k = 0, 1, ... (`every` > 1 lets DataLoader
     /// worker w of W read every W-th batch). `depth`: batches held ready in all (at least one
     /// per thread).
-    pub fn start(spec: Arc<BatchSpec>, first: u64, every: u64, threads: usize, depth: usize) -> Result<Prefetcher> {
+    pub fn start(spec: Arc<A>, first: u64, every: u64, threads: usize, depth: usize) -> Result<Prefetcher<A>> {
         let every = every.max(1);
         let threads = threads.max(1);
         let per_worker = depth.div_ceil(threads).max(1);
@@ -242,13 +272,14 @@ impl Prefetcher {
                 .spawn(move || {
                     let mut k = w as u64;
                     while !stop.load(Ordering::Relaxed) {
-                        let Some(at) = k.checked_mul(every).and_then(|x| x.checked_mul(spec.batch_size)).and_then(|x| x.checked_add(first))
+                        let Some(at) =
+                            k.checked_mul(every).and_then(|x| x.checked_mul(spec.batch_size())).and_then(|x| x.checked_add(first))
                         else {
                             break;
                         };
-                        let r = match spec.has_batch_wait(at, &stop) {
-                            Ok(false) => break,
-                            Ok(true) => spec.assemble_wait(at, &stop).map(|(rows, b)| (at, rows, b)),
+                        let r = match spec.assemble_at(at, &stop) {
+                            Ok(None) => break,
+                            Ok(Some(b)) => Ok((at, b)),
                             Err(e) => Err(e),
                         };
                         let failed = r.is_err();
@@ -265,12 +296,12 @@ impl Prefetcher {
     }
 
     /// The next batch in order, waiting at most `timeout` (so the caller can check signals).
-    pub fn next(&mut self, timeout: std::time::Duration) -> Result<Next> {
+    pub fn next(&mut self, timeout: std::time::Duration) -> Result<Next<A::Out>> {
         let rx = &self.receivers[(self.next % self.receivers.len() as u64) as usize];
         match rx.recv_timeout(timeout) {
-            Ok(Ok((at, rows, b))) => {
+            Ok(Ok((at, b))) => {
                 self.next += 1;
-                Ok(Next::Batch(at, rows, b))
+                Ok(Next::Batch(at, b))
             }
             Ok(Err(e)) => Err(e),
             Err(RecvTimeoutError::Timeout) => Ok(Next::Timeout),
@@ -279,7 +310,7 @@ impl Prefetcher {
     }
 }
 
-impl Drop for Prefetcher {
+impl<A: Assemble> Drop for Prefetcher<A> {
     fn drop(&mut self) {
         if self.pid != std::process::id() {
             // Forked child: the workers (and whatever locks they held) exist only in the parent.

@@ -8,8 +8,10 @@ use std::path::Path;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use super::chunk::Layout;
+use super::manifest_line::fast_fields;
 use crate::error::{Error, Result};
-use crate::format::{self, shard_path, Dtype, Format, ManifestLine, Metadata, Status, META_NAME};
+use crate::format::{self, shard_path, Dtype, Format, ManifestLine, Metadata, Status, MAX_BLOCK_SIZE, META_NAME};
 
 /// Longest context the reader accepts (guards allocations driven by tokshuf.json).
 const MAX_SEQLEN: u64 = 1 << 24;
@@ -25,7 +27,12 @@ pub struct CacheMeta {
     pub shuffle: bool,
     pub chunk_sizes: Option<Vec<u64>>,
     pub ideal_readers: Option<u64>,
+    /// Contexts per member (block formats).
+    pub block_size: Option<u64>,
     pub status: Status,
+    /// Members of their own lengths with `.idx` sidecars (one bin of an unpacked cache);
+    /// `seqlen` is then the longest a member may be.
+    pub ragged: bool,
     /// The whole document, as read.
     pub raw: Value,
 }
@@ -46,8 +53,22 @@ fn field_str<'a>(path: &Path, v: &'a Value, key: &str) -> Result<&'a str> {
     v.get(key).and_then(Value::as_str).ok_or_else(|| Error::corrupt(path, format!("{key:?} missing or not a string")))
 }
 
-/// Read and check tokshuf.json. `complete_only`: refuse a build still running.
+/// Read and check tokshuf.json of a packed cache. `complete_only`: refuse a build still running.
 pub fn read_meta(root: &Path, complete_only: bool) -> Result<CacheMeta> {
+    let m = read_meta_any(root, complete_only)?;
+    if m.raw.get("packing").and_then(Value::as_str) == Some("none") {
+        return Err(Error::Config(format!(
+            "{}: an unpacked (packing=\"none\") cache has no single example order of its own: read it with \
+             tokshuf.Reader (which draws batches by length bin), its bins with tokshuf.UnpackedCache, or each bin_KK/ \
+             folder with WebDataset (follow mode and blends do not take unpacked caches)",
+            root.display()
+        )));
+    }
+    Ok(m)
+}
+
+/// `read_meta` of any cache, an unpacked one included.
+pub fn read_meta_any(root: &Path, complete_only: bool) -> Result<CacheMeta> {
     let path = root.join(META_NAME);
     if !root.is_dir() {
         return Err(Error::io(root, std::io::Error::new(std::io::ErrorKind::NotFound, "no such cache folder")));
@@ -85,10 +106,40 @@ pub fn read_meta(root: &Path, complete_only: bool) -> Result<CacheMeta> {
         Some(0) => return Err(Error::corrupt(&path, "ideal_readers is not a positive integer")),
         r => r,
     };
+    let block_size = match (format.is_blocked(), m.block_size) {
+        (true, Some(k)) if (1..=MAX_BLOCK_SIZE).contains(&k) => Some(k),
+        (true, k) => {
+            return Err(Error::corrupt(&path, format!("block_size {k:?} out of range 1..={MAX_BLOCK_SIZE} for format {}", format.name())))
+        }
+        (false, _) => None,
+    };
     if !m.recipe.is_object() {
         return Err(Error::corrupt(&path, "\"recipe\" missing or not an object"));
     }
-    Ok(CacheMeta { seqlen, dtype, format, chunk_size, num_chunks, num_contexts, shuffle, chunk_sizes, ideal_readers, status, raw })
+    Ok(CacheMeta {
+        seqlen,
+        dtype,
+        format,
+        chunk_size,
+        num_chunks,
+        num_contexts,
+        shuffle,
+        chunk_sizes,
+        ideal_readers,
+        block_size,
+        status,
+        ragged: false,
+        raw,
+    })
+}
+
+/// `name` is `shard_{k:08}` (compared without formatting a string per line).
+fn is_stem(name: &[u8], k: u64) -> bool {
+    let Some(digits) = name.strip_prefix(b"shard_") else { return false };
+    if digits.len() < 8 || (digits.len() > 8 && digits[0] == b'0') || !digits.iter().all(u8::is_ascii_digit) {
+        return false;
+    }
+    digits.iter().try_fold(0u64, |v, &d| v.checked_mul(10)?.checked_add((d - b'0') as u64)) == Some(k)
 }
 
 /// Parse manifest lines starting at line number `first` (0-based; follow mode appends).
@@ -101,30 +152,42 @@ pub fn parse_manifest(path: &Path, text: &[u8], first: u64, chunk_size: u64) -> 
     if text.is_empty() {
         return Ok(out);
     }
-    for (k, line) in text[..text.len() - 1].split(|&b| b == b'\n').enumerate() {
+    let body = &text[..text.len() - 1];
+    let mut starts = std::iter::once(0).chain(memchr::memchr_iter(b'\n', body).map(|k| k + 1));
+    let mut next = starts.next();
+    let lines = std::iter::from_fn(|| {
+        let a = next?;
+        next = starts.next();
+        Some(&body[a..next.map_or(body.len(), |b| b - 1)])
+    });
+    for (k, line) in lines.enumerate() {
         let lineno = first + k as u64;
         if line.is_empty() {
             return Err(Error::corrupt(path, format!("line {}: empty line", lineno + 1)));
         }
-        let raw: ManifestLine = serde_json::from_slice(line).map_err(|e| Error::corrupt(path, format!("line {}: {e}", lineno + 1)))?;
-        let want = format::shard_stem(lineno);
-        if raw.shard != want {
-            return Err(Error::corrupt(
-                path,
-                format!(
-                    "line {}: shard {:?} is not {want:?} (shards must be named shard_NNNNNNNN in manifest order)",
-                    lineno + 1,
-                    raw.shard
-                ),
-            ));
+        let (num_sequences, bytes) = match fast_fields(line) {
+            Some(f) if is_stem(f.shard, lineno) => (f.num_sequences, f.bytes),
+            _ => {
+                let raw: ManifestLine =
+                    serde_json::from_slice(line).map_err(|e| Error::corrupt(path, format!("line {}: {e}", lineno + 1)))?;
+                let want = format::shard_stem(lineno);
+                if raw.shard != want {
+                    return Err(Error::corrupt(
+                        path,
+                        format!(
+                            "line {}: shard {:?} is not {want:?} (shards must be named shard_NNNNNNNN in manifest order)",
+                            lineno + 1,
+                            raw.shard
+                        ),
+                    ));
+                }
+                (raw.num_sequences, raw.bytes)
+            }
+        };
+        if num_sequences == 0 || num_sequences > chunk_size {
+            return Err(Error::corrupt(path, format!("line {}: num_sequences {num_sequences} out of range 1..={chunk_size}", lineno + 1)));
         }
-        if raw.num_sequences == 0 || raw.num_sequences > chunk_size {
-            return Err(Error::corrupt(
-                path,
-                format!("line {}: num_sequences {} out of range 1..={chunk_size}", lineno + 1, raw.num_sequences),
-            ));
-        }
-        out.push(ChunkEntry { size: raw.num_sequences, bytes: raw.bytes });
+        out.push(ChunkEntry { size: num_sequences, bytes });
     }
     Ok(out)
 }
@@ -146,7 +209,7 @@ pub fn parse_manifest_all(path: &Path, text: &[u8], chunk_size: u64) -> Result<V
     cuts.dedup();
     let mut firsts = vec![0u64];
     for w in cuts.windows(2).take(cuts.len().saturating_sub(2)) {
-        let lines = text[w[0]..w[1]].iter().filter(|&&b| b == b'\n').count() as u64;
+        let lines = memchr::memchr_iter(b'\n', &text[w[0]..w[1]]).count() as u64;
         firsts.push(firsts.last().copied().unwrap_or(0) + lines);
     }
     std::thread::scope(|s| {
@@ -166,47 +229,16 @@ pub fn parse_manifest_all(path: &Path, text: &[u8], chunk_size: u64) -> Result<V
     })
 }
 
-/// Expected size of an `npy` shard of `n` contexts.
-pub fn npy_shard_bytes(n: u64, stride: u64) -> u64 {
-    n * stride + 2 * format::TAR_BLOCK
-}
-
 /// Check that chunk `c`'s shard exists with a plausible size; returns the size.
-pub fn check_shard(root: &Path, c: u64, entry: &ChunkEntry, format: Format, stride: u64) -> Result<u64> {
+pub fn check_shard(root: &Path, c: u64, entry: &ChunkEntry, layout: &Layout) -> Result<u64> {
     let path = shard_path(root, c);
     let md = std::fs::symlink_metadata(&path).map_err(|e| Error::corrupt(&path, format!("shard missing or unreadable: {e}")))?;
     if !md.file_type().is_file() {
         return Err(Error::corrupt(&path, "not a regular file"));
     }
     let len = md.len();
-    check_size(&path, entry, len, format, stride)?;
+    layout.check_size(&path, entry, len)?;
     Ok(len)
-}
-
-pub(super) fn check_size(path: &Path, entry: &ChunkEntry, len: u64, format: Format, stride: u64) -> Result<()> {
-    if let Some(b) = entry.bytes {
-        if b != len {
-            return Err(Error::corrupt(path, format!("size {len} bytes, manifest says {b} (truncated or changed?)")));
-        }
-    }
-    match format {
-        Format::Npy => {
-            let want = npy_shard_bytes(entry.size, stride);
-            if len != want {
-                return Err(Error::corrupt(
-                    path,
-                    format!("size {len} bytes, expected {want} for {} contexts (truncated or changed?)", entry.size),
-                ));
-            }
-        }
-        Format::JsonGz => {
-            let min = (entry.size * 2 + 2) * format::TAR_BLOCK;
-            if len < min || len % format::TAR_BLOCK != 0 {
-                return Err(Error::corrupt(path, format!("size {len} bytes cannot hold {} json.gz members (truncated?)", entry.size)));
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Hex sha256 of tokshuf.json's recipe: what a build was asked to make (known from its start).
@@ -228,39 +260,39 @@ fn shard_number(name: &std::ffi::OsStr) -> Option<u64> {
     (format::shard_stem(c) + ".tar" == name).then_some(c)
 }
 
-/// Check the size of every shard. One directory listing, then `fstatat` relative to the
-/// directory (no path walk per shard), on a few threads when there are many: opening a cache
-/// of 100,000 chunks is dominated by these 100,000 stat calls.
-pub(super) fn check_shards(root: &Path, chunks: &[ChunkEntry], format: Format, stride: u64) -> Result<()> {
-    let mut entries: Vec<Option<std::fs::DirEntry>> = (0..chunks.len()).map(|_| None).collect();
+/// Check every shard of an unpacked cache's bin in `root` and its `.idx` sidecar's size (the
+/// shards' own sizes are checked when each is first mapped, as for any cache).
+pub fn check_shards_of(root: &Path, chunks: &[ChunkEntry]) -> Result<()> {
+    check_shards(root, chunks)?;
+    for (c, e) in chunks.iter().enumerate() {
+        let path = format::idx::idx_path(root, c as u64);
+        let len = std::fs::metadata(&path).map_err(|err| Error::corrupt(&path, format!("shard index missing or unreadable: {err}")))?.len();
+        if len != format::idx::idx_len(e.size) {
+            return Err(Error::corrupt(&path, format!("{len} bytes, expected {} for {} members", format::idx::idx_len(e.size), e.size)));
+        }
+    }
+    Ok(())
+}
+
+/// Check that every shard exists as a regular file, from one directory listing (no `stat` per
+/// shard: the listing's file types are enough). Sizes are checked when each shard is first
+/// mapped (`Layout::open`), so opening a cache of 100,000 chunks costs one listing.
+pub(super) fn check_shards(root: &Path, chunks: &[ChunkEntry]) -> Result<()> {
+    let mut found = vec![false; chunks.len()];
     for e in std::fs::read_dir(root).map_err(|e| Error::io(root, e))? {
         let e = e.map_err(|e| Error::io(root, e))?;
         if let Some(c) = shard_number(&e.file_name()) {
-            if let Some(slot) = entries.get_mut(c as usize) {
-                *slot = Some(e);
+            if let Some(slot) = found.get_mut(c as usize) {
+                let kind = e.file_type().map_err(|err| Error::corrupt(shard_path(root, c), format!("cannot stat shard: {err}")))?;
+                if !kind.is_file() {
+                    return Err(Error::corrupt(shard_path(root, c), "not a regular file"));
+                }
+                *slot = true;
             }
         }
     }
-    let check = |c: usize, e: &Option<std::fs::DirEntry>| -> Result<()> {
-        let path = shard_path(root, c as u64);
-        let Some(e) = e else {
-            return Err(Error::corrupt(&path, "shard missing"));
-        };
-        let md = e.metadata().map_err(|err| Error::corrupt(&path, format!("cannot stat shard: {err}")))?;
-        if !md.file_type().is_file() {
-            return Err(Error::corrupt(&path, "not a regular file"));
-        }
-        check_size(&path, &chunks[c], md.len(), format, stride)
-    };
-    let threads = if chunks.len() < 4096 { 1 } else { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(8) };
-    let per = chunks.len().div_ceil(threads).max(1);
-    std::thread::scope(|s| {
-        let handles: Vec<_> = entries
-            .chunks(per)
-            .enumerate()
-            .map(|(t, part)| s.spawn(move || part.iter().enumerate().try_for_each(|(k, e)| check(t * per + k, e))))
-            .collect();
-        // Report the error of the lowest chunk, whatever the thread timing.
-        handles.into_iter().try_for_each(|h| h.join().unwrap_or_else(|_| Err(Error::Config("shard check thread panicked".into()))))
-    })
+    match found.iter().position(|&f| !f) {
+        Some(c) => Err(Error::corrupt(shard_path(root, c as u64), "shard missing")),
+        None => Ok(()),
+    }
 }

@@ -14,21 +14,61 @@ use crate::error::{Error, Result};
 
 pub type Ranks = FxHashMap<Vec<u8>, u32>;
 
+/// The tokens of a `.tiktoken` file in one buffer (no allocation per token): token `i` is
+/// `bytes[spans[i].0..spans[i].1]` with rank `spans[i].2`.
+pub struct TokenList {
+    bytes: Vec<u8>,
+    spans: Vec<(u32, u32, u32)>,
+}
+
+impl TokenList {
+    /// (bytes, rank) of every token, in file order.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = (&[u8], u32)> + '_ {
+        self.spans.iter().map(|&(a, b, r)| (&self.bytes[a as usize..b as usize], r))
+    }
+
+    pub fn max_rank(&self) -> Option<u32> {
+        self.spans.iter().map(|s| s.2).max()
+    }
+}
+
 /// Parse a `.tiktoken` file: one `base64(token) rank` per line.
-pub fn parse_tiktoken(data: &[u8]) -> Result<Ranks> {
+pub fn parse_token_list(data: &[u8]) -> Result<TokenList> {
     let text = std::str::from_utf8(data).map_err(|_| Error::Tokenizer("tiktoken file is not UTF-8".into()))?;
-    let mut ranks = Ranks::default();
-    ranks.reserve(data.iter().filter(|&&b| b == b'\n').count() + 1);
+    let lines = data.iter().filter(|&&b| b == b'\n').count() + 1;
+    let mut list = TokenList { bytes: Vec::with_capacity(data.len() * 3 / 4), spans: Vec::with_capacity(lines) };
     for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.is_empty()) {
         let bad = || Error::Tokenizer(format!("tiktoken file line {}: expected 'BASE64 RANK'", i + 1));
         let (tok, rank) = line.split_once(' ').ok_or_else(bad)?;
         let rank: u32 = rank.trim().parse().map_err(|_| bad())?;
-        ranks.insert(base64_decode(tok).ok_or_else(bad)?, rank);
+        let start = list.bytes.len();
+        base64_decode_into(tok, &mut list.bytes).ok_or_else(bad)?;
+        let end = list.bytes.len();
+        let span = (u32::try_from(start).map_err(|_| bad())?, u32::try_from(end).map_err(|_| bad())?, rank);
+        list.spans.push(span);
     }
-    Ok(ranks)
+    Ok(list)
 }
 
+/// The rank of every token (a later line for the same bytes wins, as in tiktoken's dict).
+pub fn ranks_of(list: &TokenList) -> Ranks {
+    let mut ranks = Ranks::default();
+    ranks.reserve(list.spans.len());
+    for (tok, rank) in list.iter() {
+        ranks.insert(tok.to_vec(), rank);
+    }
+    ranks
+}
+
+#[cfg(test)]
 fn base64_decode(s: &str) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    base64_decode_into(s, &mut out)?;
+    Some(out)
+}
+
+/// Append the bytes of base64 `s` to `out`.
+fn base64_decode_into(s: &str, out: &mut Vec<u8>) -> Option<()> {
     fn val(c: u8) -> Option<u32> {
         Some(match c {
             b'A'..=b'Z' => c - b'A',
@@ -40,7 +80,6 @@ fn base64_decode(s: &str) -> Option<Vec<u8>> {
         } as u32)
     }
     let s = s.trim_end_matches('=').as_bytes();
-    let mut out = Vec::with_capacity(s.len() * 3 / 4);
     for chunk in s.chunks(4) {
         let mut acc = 0u32;
         for (i, &c) in chunk.iter().enumerate() {
@@ -49,7 +88,7 @@ fn base64_decode(s: &str) -> Option<Vec<u8>> {
         let bytes = acc.to_be_bytes();
         out.extend_from_slice(&bytes[1..chunk.len()]);
     }
-    Some(out)
+    Some(())
 }
 
 /// Decompress embedded gzip data.

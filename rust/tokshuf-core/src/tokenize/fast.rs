@@ -10,11 +10,18 @@
 //!   the reference engines' character classes, and ASCII fast paths.
 //! - A per-thread memo of pre-token -> ids (`piece_cache.rs`, bounded; short pieces need no
 //!   allocation): most pre-tokens are merged once per thread.
-//! - Little fixed cost per build (0.1-0.2 s to load a tokenizer), which matters below a
-//!   few GB: the class table is read from regex-syntax rather than scanned, and nothing on
-//!   the build path imports NumPy (whose OpenBLAS threads spin at import).
+//! - Lookups that do not wait on memory: the memo and the tables behind it are far larger
+//!   than the CPU caches, so each piece is looked up a few pieces after the scanner found
+//!   it, its cache lines requested when it was found (`piece_cache::Lookahead`), and the
+//!   tables read one line per lookup (`token_table.rs`, `pair_table.rs`).
+//! - Little fixed cost per build, which matters below a few GB: the class table is read
+//!   from regex-syntax rather than scanned, tiktoken ranks are parsed into one buffer and
+//!   the reference merge is only built if used, and nothing on the build path imports
+//!   NumPy (whose OpenBLAS threads spin at import).
 //! - Merging (on memo misses only) on integer pairs (`hfbpe.rs`), tiktoken's ranks turned
-//!   into a merge list; O(n log n) on long pieces.
+//!   into a merge list; a piece that is a token of its own is found in one lookup (for
+//!   tokenizer.json files without `ignore_merges`, the short tokens whose own merge ends in
+//!   them); O(n log n) on long pieces.
 //! - NFC only where a character could change: a byte scan, then a per-character table.
 //!
 //! HOW IT STAYS EXACT
@@ -39,10 +46,10 @@ use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use serde_json::Value;
 use unicode_normalization_alignments::UnicodeNormalization;
 
-use crate::tokenize::bpe::BytePairEncoder;
+use crate::tokenize::bpe::TokenList;
 use crate::tokenize::encoder::Encoder;
 use crate::tokenize::hfbpe::MergeBpe;
-use crate::tokenize::piece_cache::PieceCache;
+use crate::tokenize::piece_cache::{Lookahead, PieceCache};
 use crate::tokenize::pretok::{self, CharClasses, Engine, Pattern, PreTokenizer};
 
 /// Slots of each thread's memo: 2^18 x 32 bytes = 8 MiB per thread and tokenizer, allocated
@@ -146,12 +153,12 @@ pub struct FastEncoder {
 
 impl FastEncoder {
     /// A tiktoken encoding with pre-tokenizer `pattern`; `Err(reason)` if not modelled.
-    pub fn tiktoken(pattern: &str, bpe: Arc<BytePairEncoder>, reference: Arc<dyn Encoder>) -> Result<FastEncoder, String> {
+    pub fn tiktoken(pattern: &str, list: &TokenList, reference: Arc<dyn Encoder>) -> Result<FastEncoder, String> {
         let p = Pattern::recognise(pattern, Engine::FancyRegex).ok_or("pre-tokenizer pattern not recognised")?;
         Ok(FastEncoder {
             uid: NEXT_UID.fetch_add(1, Ordering::Relaxed),
             pretok: PreTokenizer::new(p).map_err(|e| e.to_string())?,
-            model: MergeBpe::from_tiktoken(bpe),
+            model: MergeBpe::from_tiktoken(list)?,
             nfc: false,
             raw_added: None,
             normalized_added: None,
@@ -236,9 +243,11 @@ impl FastEncoder {
     #[inline]
     fn encode_plain(&self, text: &str, out: &mut Vec<u32>, st: &mut ThreadState) -> Result<(), usize> {
         let model = &self.model;
-        let cache = &mut st.cache;
-        let b = text.as_bytes();
-        self.pretok.split_ranges(text, |s, e| cache.encode(b, s, e, out, |p, o| model.encode_piece(p, o)))
+        let encode = |p: &[u8], o: &mut Vec<u32>| model.encode_piece(p, o);
+        let mut pieces = Lookahead::new(&mut st.cache, model.short_tokens(), text.as_bytes(), out, encode);
+        self.pretok.split_ranges(text, |s, e| pieces.push(s, e))?;
+        pieces.finish();
+        Ok(())
     }
 
     fn encode_normalized(&self, text: &str, out: &mut Vec<u32>, st: &mut ThreadState) -> Result<(), usize> {

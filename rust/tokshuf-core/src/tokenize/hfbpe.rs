@@ -14,19 +14,20 @@
 //! different pair, so its order is exactly "lowest rank, then leftmost", which is what both
 //! loops here implement.
 //!
-//! Merging runs only on memo misses, yet takes a quarter of a cl100k build, most of it
-//! waiting on pair-table lookups from memory. A per-thread 64 KiB direct-mapped cache of
-//! those lookups was tried and gave no measurable gain: the pairs met are too varied.
+//! Merging runs only on memo misses, yet took a quarter of a cl100k build, most of it
+//! waiting on pair-table lookups from memory (see `pair_table.rs` for the table's layout).
+//! A per-thread 64 KiB direct-mapped cache of those lookups was tried and gave no
+//! measurable gain: the pairs met are too varied.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use std::sync::Arc;
-
 use rustc_hash::FxHashMap;
 use serde_json::Value;
 
-use crate::tokenize::bpe::BytePairEncoder;
+use crate::tokenize::bpe::TokenList;
+use crate::tokenize::pair_table::PairTable;
+use crate::tokenize::token_table::{pack, TokenTable, MAX_LEN};
 
 const NO_PAIR: (u32, u32) = (u32::MAX, u32::MAX);
 
@@ -54,40 +55,22 @@ pub fn byte_level_decode(token: &str, inverse: &FxHashMap<char, u8>) -> Option<V
     token.chars().map(|c| inverse.get(&c).copied()).collect()
 }
 
-/// Where a piece that is itself a token is looked up before merging, if anywhere.
+/// Pieces that are themselves a token and encode to it, found without merging.
 enum Whole {
     Never,
-    /// Tokens of up to 15 bytes by their bytes packed in an integer (most lookups), longer
-    /// ones by their bytes: `ignore_merges` of tokenizer.json (the vocabulary) or tiktoken
-    /// (its ranks).
+    /// Tokens of up to 15 bytes in a `TokenTable` (most lookups), longer ones by their
+    /// bytes: `ignore_merges` of tokenizer.json (the vocabulary) or tiktoken (its ranks);
+    /// for other tokenizer.json files, the short tokens whose own merge ends in them.
     Tokens {
-        short: FxHashMap<u128, u32>,
+        short: TokenTable,
         long: FxHashMap<Vec<u8>, u32>,
     },
 }
 
-/// `bytes` (at most 15) and their length in one integer.
-#[inline(always)]
-fn pack(bytes: &[u8]) -> u128 {
-    let mut buf = [0u8; 16];
-    buf[..bytes.len()].copy_from_slice(bytes);
-    buf[15] = bytes.len() as u8;
-    u128::from_le_bytes(buf)
-}
-
 impl Whole {
     fn tokens<'a>(it: impl Iterator<Item = (&'a [u8], u32)>) -> Whole {
-        let (mut short, mut long) = (FxHashMap::default(), FxHashMap::default());
-        let it = it.into_iter();
-        short.reserve(it.size_hint().0);
-        for (bytes, id) in it {
-            if bytes.len() < 16 {
-                short.insert(pack(bytes), id);
-            } else {
-                long.insert(bytes.to_vec(), id);
-            }
-        }
-        Whole::Tokens { short, long }
+        let (short, long): (Vec<_>, Vec<_>) = it.filter(|(b, _)| !b.is_empty()).partition(|(b, _)| b.len() <= MAX_LEN);
+        Whole::Tokens { short: TokenTable::new(&short), long: long.into_iter().map(|(b, id)| (b.to_vec(), id)).collect() }
     }
 
     #[inline(always)]
@@ -95,11 +78,21 @@ impl Whole {
         match self {
             Whole::Never => None,
             Whole::Tokens { short, long } => {
-                if piece.len() < 16 {
-                    short.get(&pack(piece)).copied()
+                if piece.len() <= MAX_LEN {
+                    short.get(pack(piece))
                 } else {
                     long.get(piece).copied()
                 }
+            }
+        }
+    }
+
+    /// Ask for the line where `piece` would be, if it is short.
+    #[inline(always)]
+    fn prefetch(&self, piece: &[u8]) {
+        if let Whole::Tokens { short, .. } = self {
+            if piece.len() <= MAX_LEN {
+                short.prefetch(pack(piece));
             }
         }
     }
@@ -110,8 +103,7 @@ pub struct MergeBpe {
     /// (rank, merged id) of each pair of single bytes, `NO_PAIR` if none: the first round
     /// of every merge without hashing.
     byte_pairs: Box<[(u32, u32)]>,
-    /// (left id << 32 | right id) -> (rank, merged id).
-    merges: FxHashMap<u64, (u32, u32)>,
+    merges: PairTable,
     whole: Whole,
 }
 
@@ -135,8 +127,7 @@ impl MergeBpe {
             }
         }
         let list = model.get("merges").and_then(Value::as_array).ok_or("model has no merges")?;
-        let mut merges = FxHashMap::default();
-        merges.reserve(list.len());
+        let mut merges = PairTable::with_capacity(list.len());
         let mut merged = String::new();
         for (rank, m) in list.iter().enumerate() {
             // "a b" (older files) or ["a", "b"].
@@ -160,34 +151,62 @@ impl MergeBpe {
             merged.push_str(b);
             let inew = id_of(&merged).ok_or_else(|| missing(&merged))?;
             // Later duplicates win, as in `tokenizers` (it collects into a map in order).
-            merges.insert(((ia as u64) << 32) | ib as u64, (rank as u32, inew));
+            merges.insert(ia, ib, rank as u32, inew);
         }
         let ignore_merges = model.get("ignore_merges").and_then(Value::as_bool).unwrap_or(false);
-        let whole = if ignore_merges {
-            let inverse: FxHashMap<char, u8> = alphabet.iter().enumerate().map(|(b, &c)| (c, b as u8)).collect();
-            let decoded: Vec<(Vec<u8>, u32)> =
-                vocab.iter().filter_map(|(tok, id)| Some((byte_level_decode(tok, &inverse)?, u32::try_from(id.as_u64()?).ok()?))).collect();
-            Whole::tokens(decoded.iter().map(|(b, id)| (&b[..], *id)))
+        let inverse: FxHashMap<char, u8> = alphabet.iter().enumerate().map(|(b, &c)| (c, b as u8)).collect();
+        let decoded = vocab.iter().filter_map(|(tok, id)| Some((byte_level_decode(tok, &inverse)?, u32::try_from(id.as_u64()?).ok()?)));
+        let bpe = if ignore_merges {
+            let decoded: Vec<(Vec<u8>, u32)> = decoded.collect();
+            MergeBpe::assemble(byte_ids, merges, Whole::tokens(decoded.iter().map(|(b, id)| (&b[..], *id))))
         } else {
-            Whole::Never
+            // A token is its own encoding when its merge ends in it; those of up to 15 bytes
+            // (most pieces) then need no merging, as if `ignore_merges` were set.
+            let bpe = MergeBpe::assemble(byte_ids, merges, Whole::Never);
+            let short: Vec<(Vec<u8>, u32)> = decoded.filter(|(b, _)| (1..=MAX_LEN).contains(&b.len())).collect();
+            let own = |part: &[(Vec<u8>, u32)]| -> Vec<(Vec<u8>, u32)> {
+                let mut ids = Vec::new();
+                part.iter()
+                    .filter(|(b, id)| {
+                        ids.clear();
+                        bpe.encode_piece(b, &mut ids);
+                        ids[..] == [*id]
+                    })
+                    .cloned()
+                    .collect()
+            };
+            let (first, second) = short.split_at(short.len() / 2);
+            let (x, y) = std::thread::scope(|sc| {
+                let h = sc.spawn(|| own(second));
+                let x = own(first);
+                (x, h.join().unwrap_or_else(|_| own(second)))
+            });
+            let own: Vec<(&[u8], u32)> = x.iter().chain(&y).map(|(b, id)| (&b[..], *id)).collect();
+            let table = TokenTable::new(&own);
+            MergeBpe { whole: Whole::Tokens { short: table, long: FxHashMap::default() }, ..bpe }
         };
-        Ok(MergeBpe::assemble(byte_ids, merges, whole))
+        Ok(bpe)
     }
 
     /// tiktoken's merge for its ranks (see the module comment).
-    pub fn from_tiktoken(bpe: Arc<BytePairEncoder>) -> MergeBpe {
-        let ranks = bpe.ranks();
+    pub fn from_tiktoken(list: &TokenList) -> std::result::Result<MergeBpe, String> {
+        let whole = Whole::tokens(list.iter());
         let mut byte_ids = [0u32; 256];
         for b in 0..=255u8 {
-            byte_ids[b as usize] = ranks.get(&[b][..]).copied().expect("BytePairEncoder checks single bytes");
+            byte_ids[b as usize] = whole.get(&[b]).ok_or_else(|| format!("vocabulary lacks the single byte {b:#04x}"))?;
         }
-        let whole = Whole::tokens(ranks.iter().map(|(b, &r)| (&b[..], r)));
-        // Every split of every token into two tokens, found on two threads (a tenth of a
-        // second for o200k on one).
-        let tokens: Vec<(&[u8], u32)> = ranks.iter().map(|(b, &r)| (&b[..], r)).collect();
+        // Every split of every token into two tokens, found on two threads.
+        let tokens: Vec<(&[u8], u32)> = list.iter().collect();
         let splits = |part: &[(&[u8], u32)]| -> Vec<(u64, u32)> {
             let mut v = Vec::with_capacity(part.len() * 3);
-            for &(tok, rank) in part {
+            for (i, &(tok, rank)) in part.iter().enumerate() {
+                // The lines the next token's lookups need, requested while this one's are made.
+                if let Some(&(next, _)) = part.get(i + 1) {
+                    for k in 1..next.len() {
+                        whole.prefetch(&next[..k]);
+                        whole.prefetch(&next[k..]);
+                    }
+                }
                 for k in 1..tok.len() {
                     if let (Some(a), Some(b)) = (whole.get(&tok[..k]), whole.get(&tok[k..])) {
                         v.push((((a as u64) << 32) | b as u64, rank));
@@ -202,20 +221,20 @@ impl MergeBpe {
             let x = splits(first);
             (x, h.join().unwrap_or_else(|_| splits(second)))
         });
-        let mut merges = FxHashMap::default();
-        merges.reserve(x.len() + y.len());
+        // A pair names one byte string, so one token: no pair is met twice.
+        let mut merges = PairTable::with_capacity(x.len() + y.len());
         for (pair, rank) in x.into_iter().chain(y) {
-            merges.insert(pair, (rank, rank));
+            merges.insert((pair >> 32) as u32, pair as u32, rank, rank);
         }
-        MergeBpe::assemble(byte_ids, merges, whole)
+        Ok(MergeBpe::assemble(byte_ids, merges, whole))
     }
 
-    fn assemble(byte_ids: [u32; 256], merges: FxHashMap<u64, (u32, u32)>, whole: Whole) -> MergeBpe {
+    fn assemble(byte_ids: [u32; 256], merges: PairTable, whole: Whole) -> MergeBpe {
         let mut byte_pairs = vec![NO_PAIR; 256 * 256].into_boxed_slice();
         for a in 0..256 {
             for b in 0..256 {
                 if byte_ids[a] != u32::MAX && byte_ids[b] != u32::MAX {
-                    if let Some(&m) = merges.get(&(((byte_ids[a] as u64) << 32) | byte_ids[b] as u64)) {
+                    if let Some(m) = merges.get(byte_ids[a], byte_ids[b]) {
                         byte_pairs[a * 256 + b] = m;
                     }
                 }
@@ -225,8 +244,8 @@ impl MergeBpe {
     }
 
     #[inline]
-    fn merge(&self, a: u32, b: u32) -> Option<(u32, u32)> {
-        self.merges.get(&(((a as u64) << 32) | b as u64)).copied()
+    fn pair(&self, a: u32, b: u32) -> Option<(u32, u32)> {
+        self.merges.get(a, b)
     }
 
     /// Append the ids of one pre-token (raw bytes; the byte-level mapping is implied).
@@ -238,6 +257,19 @@ impl MergeBpe {
             out.push(id);
             return;
         }
+        self.merge(piece, out);
+    }
+
+    /// The short pieces that are a token of their own, where `encode_piece` looks first
+    /// (`None`: no such shortcut).
+    pub fn short_tokens(&self) -> Option<&TokenTable> {
+        match &self.whole {
+            Whole::Tokens { short, .. } => Some(short),
+            Whole::Never => None,
+        }
+    }
+
+    fn merge(&self, piece: &[u8], out: &mut Vec<u32>) {
         if piece.len() == 1 {
             out.push(self.byte_ids[piece[0] as usize]);
         } else if piece.len() <= HEAP_THRESHOLD {
@@ -280,11 +312,18 @@ impl MergeBpe {
                 pairs[k - 1] = pairs[k];
             }
             n -= 1;
+            // Both new pairs are looked up with their lines already requested.
             if i > 0 {
-                pairs[i - 1] = self.merge(syms[i - 1], syms[i]).unwrap_or(NONE);
+                self.merges.prefetch(syms[i - 1], syms[i]);
             }
             if i + 1 < n {
-                pairs[i] = self.merge(syms[i], syms[i + 1]).unwrap_or(NONE);
+                self.merges.prefetch(syms[i], syms[i + 1]);
+            }
+            if i > 0 {
+                pairs[i - 1] = self.pair(syms[i - 1], syms[i]).unwrap_or(NONE);
+            }
+            if i + 1 < n {
+                pairs[i] = self.pair(syms[i], syms[i + 1]).unwrap_or(NONE);
             }
         }
         out.extend_from_slice(&syms[..n]);
@@ -312,7 +351,7 @@ impl MergeBpe {
         }
         let mut heap = BinaryHeap::from(initial);
         let set_pair = |heap: &mut BinaryHeap<Reverse<u64>>, pair: &mut [(u32, u32)], p: usize, a: u32, b: u32| {
-            pair[p] = match self.merge(a, b) {
+            pair[p] = match self.pair(a, b) {
                 Some((r, new)) => {
                     heap.push(Reverse(((r as u64) << 32) | p as u64));
                     (r, new)
@@ -396,15 +435,27 @@ mod tests {
     /// The tiktoken form gives the reference merge of `bpe.rs`.
     #[test]
     fn tiktoken_pairs_equal_byte_ranks() {
-        let mut ranks = crate::tokenize::bpe::Ranks::default();
+        use crate::tokenize::bpe::{parse_token_list, ranks_of, BytePairEncoder};
+        let b64 = |b: &[u8]| -> String {
+            const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+            b.chunks(3)
+                .flat_map(|c| {
+                    let n = c.iter().enumerate().fold(0u32, |acc, (i, &x)| acc | (x as u32) << (16 - 8 * i));
+                    (0..4).map(move |k| if k <= c.len() { A[(n >> (18 - 6 * k)) as usize & 63] as char } else { '=' })
+                })
+                .collect()
+        };
+        let mut file = String::new();
         for b in 0..=255u8 {
-            ranks.insert(vec![b], b as u32);
+            file += &format!("{} {b}\n", b64(&[b]));
         }
         for (i, t) in ["ab", "bc", "abc", "aa", "aaaa", "ca", "bcab", "cab", "abca"].iter().enumerate() {
-            ranks.insert(t.as_bytes().to_vec(), 256 + i as u32);
+            file += &format!("{} {}\n", b64(t.as_bytes()), 256 + i);
         }
-        let reference = Arc::new(BytePairEncoder::new(ranks).unwrap());
-        let bpe = MergeBpe::from_tiktoken(reference.clone());
+        let list = parse_token_list(file.as_bytes()).unwrap();
+        let reference = BytePairEncoder::new(ranks_of(&list)).unwrap();
+        assert_eq!(reference.ranks().get(&b"bcab"[..]), Some(&262));
+        let bpe = MergeBpe::from_tiktoken(&list).unwrap();
         let mut seed = 5u64;
         for len in 1..300 {
             let piece = random_abc(&mut seed, len);

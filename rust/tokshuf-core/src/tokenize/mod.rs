@@ -16,9 +16,12 @@ pub mod bpe;
 mod encoder;
 pub mod fast;
 pub mod hfbpe;
+mod pair_table;
 pub mod piece_cache;
+mod prefetch;
 pub mod pretok;
 mod tiktoken;
+mod token_table;
 mod tokenizer_json;
 
 pub use encoder::Encoder;
@@ -95,7 +98,12 @@ impl Tokenizer {
             }
             return load_tiktoken(spec, name, backend);
         }
-        load_tokenizer_json(spec, &tokenizer_json_path(spec)?, allow_special, backend)
+        // A bare `ORG/NAME` is recorded as the `hf:` spec it resolves as.
+        let spec = match tokenizer_json::hub_name(spec) {
+            Some(repo) => format!("hf:{repo}"),
+            None => spec.to_string(),
+        };
+        load_tokenizer_json(&spec, &tokenizer_json_path(&spec)?, allow_special, backend)
     }
 }
 
@@ -142,5 +150,9 @@ mod tests {
         assert!(matches!(Tokenizer::load("tiktoken:nope", false, Backend::Auto), Err(Error::Tokenizer(_))));
         assert!(matches!(Tokenizer::load("/no/such/tokenizer.json", false, Backend::Auto), Err(Error::Tokenizer(_))));
         assert!(matches!(Tokenizer::load("hf:no-org/no-model", false, Backend::Auto), Err(Error::Tokenizer(_))));
+        match Tokenizer::load("no-org/no-model", false, Backend::Auto) {
+            Err(Error::Tokenizer(m)) => assert!(m.contains("hf download no-org/no-model tokenizer.json"), "{m}"),
+            other => panic!("{:?}", other.map(|t| t.spec)),
+        }
     }
 }

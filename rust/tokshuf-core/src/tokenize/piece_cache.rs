@@ -9,12 +9,18 @@
 //! text it had just seen, from collisions). Other pieces (longer, or with more ids) go to
 //! a hash map bounded in bytes, emptied when full.
 //!
-//! A set is one aligned cache line, so a lookup costs one line from memory. Tried and
-//! dropped, as no faster on the 100 MB subset: prefetching the next piece's set (12 % more
-//! CPU time), a 128 KiB table of the most recent pieces in front of this one, and
-//! transparent huge pages for the table (madvise; no difference within the noise).
+//! A set is one aligned cache line, so a lookup costs one line from memory, and `Lookahead`
+//! requests that line when the scanner finds the piece and reads it 16 pieces later, with
+//! several lines in flight (requesting only the next piece's set was too late to help and
+//! cost 12 % more CPU time). Tried and dropped, as no faster on the 100 MB subset: a
+//! 128 KiB table of the most recent pieces in front of this one, transparent huge pages for
+//! the table (madvise; no difference within the noise), and looking every short piece up
+//! in the shared table of whole tokens before the memo (more lines read per piece).
 
 use rustc_hash::FxHashMap;
+
+use crate::tokenize::prefetch::prefetch;
+use crate::tokenize::token_table::{pack, TokenTable, MAX_LEN};
 
 const KEY_BYTES: usize = 16;
 const SLOT_IDS: usize = 3;
@@ -37,6 +43,99 @@ struct Slot {
 struct Set([Slot; 2]);
 
 const EMPTY: Slot = Slot { key: [0; 2], len: 0, n: 0, ids: [0; SLOT_IDS] };
+
+/// A piece of the text and the set that remembers it (`usize::MAX`: too long for a slot).
+#[derive(Clone, Copy)]
+struct Located {
+    start: usize,
+    end: usize,
+    set: usize,
+    key: [u64; 2],
+}
+
+/// A piece waiting in a `Lookahead`, and whether its memo set was checked yet.
+#[derive(Clone, Copy)]
+struct Waiting {
+    at: Located,
+    checked: bool,
+}
+
+const IDLE: Waiting = Waiting { at: Located { start: 0, end: 0, set: usize::MAX, key: [0; 2] }, checked: true };
+
+/// Pieces are looked up this many pieces after the scanner found them...
+const AHEAD: usize = 16;
+/// ...and their memo sets checked this many pieces before that, when a piece the memo does
+/// not hold has its line in the token table requested.
+const PEEK: usize = 8;
+
+/// Looks pieces up a few pieces after the scanner found them, with the cache lines they
+/// need requested when found, so that a lookup rarely waits on memory and several are in
+/// flight while the scanner runs on: a piece's memo set when it is found, and halfway to
+/// its lookup, if the memo does not hold it, its line in the tokenizer's table of pieces
+/// that are a token of their own (where the merge looks first). Ids come out in piece order.
+pub struct Lookahead<'a, F> {
+    cache: &'a mut PieceCache,
+    tokens: Option<&'a TokenTable>,
+    text: &'a [u8],
+    out: &'a mut Vec<u32>,
+    encode: F,
+    ring: [Waiting; AHEAD],
+    head: usize,
+    len: usize,
+}
+
+impl<'a, F: Fn(&[u8], &mut Vec<u32>)> Lookahead<'a, F> {
+    /// Pieces of `text` go through `cache`, their ids to `out`; `encode` merges a piece the
+    /// cache does not hold (appending its ids to `out`), looking it up in `tokens` first.
+    pub fn new(cache: &'a mut PieceCache, tokens: Option<&'a TokenTable>, text: &'a [u8], out: &'a mut Vec<u32>, encode: F) -> Self {
+        Lookahead { cache, tokens, text, out, encode, ring: [IDLE; AHEAD], head: 0, len: 0 }
+    }
+
+    /// The next piece, `text[start..end]`.
+    #[inline(always)]
+    pub fn push(&mut self, start: usize, end: usize) {
+        if self.len == AHEAD {
+            self.pop();
+        }
+        let at = self.cache.locate(self.text, start, end);
+        self.cache.prefetch(&at);
+        self.ring[(self.head + self.len) % AHEAD] = Waiting { at, checked: false };
+        self.len += 1;
+        if self.len > PEEK {
+            self.check((self.head + self.len - 1 - PEEK) % AHEAD);
+        }
+    }
+
+    #[inline(always)]
+    fn check(&mut self, i: usize) {
+        let w = &mut self.ring[i];
+        if w.checked {
+            return;
+        }
+        w.checked = true;
+        if let Some(t) = self.tokens {
+            let (start, end) = (w.at.start, w.at.end);
+            if end - start <= MAX_LEN && !self.cache.holds(&w.at) {
+                t.prefetch(pack(&self.text[start..end]));
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn pop(&mut self) {
+        let w = self.ring[self.head];
+        self.cache.resolve(self.text, &w.at, self.out, &self.encode);
+        self.head = (self.head + 1) % AHEAD;
+        self.len -= 1;
+    }
+
+    /// Look up the pieces still waiting.
+    pub fn finish(mut self) {
+        while self.len > 0 {
+            self.pop();
+        }
+    }
+}
 
 pub struct PieceCache {
     sets: Vec<Set>,
@@ -100,12 +199,42 @@ impl PieceCache {
     /// by `encode` (which must append them to `out`) and remembered.
     #[inline(always)]
     pub fn encode(&mut self, text: &[u8], start: usize, end: usize, out: &mut Vec<u32>, encode: impl FnOnce(&[u8], &mut Vec<u32>)) {
-        let len = end - start;
-        if len > KEY_BYTES {
-            return self.encode_long(&text[start..end], out, encode);
+        let p = self.locate(text, start, end);
+        self.resolve(text, &p, out, encode);
+    }
+
+    /// Where the piece `text[start..end]` would be remembered. `prefetch` asks for that
+    /// cache line now, so a later `resolve` finds it in cache.
+    #[inline(always)]
+    fn locate(&self, text: &[u8], start: usize, end: usize) -> Located {
+        if end - start > KEY_BYTES {
+            return Located { start, end, set: usize::MAX, key: [0; 2] };
         }
         let key = key_words(text, start, end);
-        let si = hash(&key) as usize & self.mask;
+        Located { start, end, set: hash(&key) as usize & self.mask, key }
+    }
+
+    #[inline(always)]
+    fn prefetch(&self, p: &Located) {
+        if let Some(set) = self.sets.get(p.set) {
+            prefetch(set);
+        }
+    }
+
+    /// Does the memo hold the piece at `p`? (A short piece's set only; long pieces: no.)
+    #[inline(always)]
+    fn holds(&self, p: &Located) -> bool {
+        let len = p.end - p.start;
+        self.sets.get(p.set).is_some_and(|set| set.0.iter().any(|s| s.key == p.key && s.len as usize == len))
+    }
+
+    #[inline(always)]
+    fn resolve(&mut self, text: &[u8], p: &Located, out: &mut Vec<u32>, encode: impl FnOnce(&[u8], &mut Vec<u32>)) {
+        let (start, end, key, si) = (p.start, p.end, p.key, p.set);
+        if si == usize::MAX {
+            return self.encode_long(&text[start..end], out, encode);
+        }
+        let len = end - start;
         let set = &mut self.sets[si].0;
         // Keys are zero-padded, so the length must match too ("a" vs "a\0").
         let hit = |s: &Slot| s.key == key && s.len as usize == len;
@@ -198,5 +327,47 @@ mod tests {
         let mut b = vec![];
         c.encode(t, 0, 2, &mut b, enc);
         assert_eq!(b, vec![97 * 3, 0]);
+    }
+
+    /// Ids through a `Lookahead` equal each piece's own encoding, in piece order, with and
+    /// without a token table to prefetch from, for runs of pieces shorter and longer than
+    /// the lookahead, through a memo that keeps evicting.
+    #[test]
+    fn lookahead_equals_piece_by_piece() {
+        let enc = |p: &[u8], out: &mut Vec<u32>| out.extend(p.iter().map(|&b| b as u32 * 3));
+        let text: Vec<u8> = (0..5000u32).map(|i| b"abcab cba"[(crate::hash::mix64(i as u64) % 9) as usize]).collect();
+        // Pieces of 1 to 20 bytes covering the text.
+        let mut pieces = vec![];
+        let mut at = 0;
+        while at < text.len() {
+            let end = (at + 1 + (crate::hash::mix64(at as u64 + 7) % 20) as usize).min(text.len());
+            pieces.push((at, end));
+            at = end;
+        }
+        // Every third distinct short piece is a "token" (its line is prefetched, nothing more).
+        let mut distinct: Vec<&[u8]> = pieces.iter().map(|&(s, e)| &text[s..e]).filter(|p| p.len() <= MAX_LEN).collect();
+        distinct.sort();
+        distinct.dedup();
+        let tokens: Vec<(&[u8], u32)> = distinct.iter().step_by(3).enumerate().map(|(i, &p)| (p, 1_000_000 + i as u32)).collect();
+        let table = TokenTable::new(&tokens);
+        for n in [0, 1, PEEK, PEEK + 1, AHEAD, AHEAD + 1, pieces.len()] {
+            for with_table in [false, true] {
+                let mut want = vec![42];
+                for &(s, e) in &pieces[..n] {
+                    enc(&text[s..e], &mut want);
+                }
+                let mut cache = PieceCache::new(3); // tiny: evictions throughout
+                for round in 0..2 {
+                    let mut got = vec![42];
+                    let tokens = with_table.then_some(&table);
+                    let mut la = Lookahead::new(&mut cache, tokens, &text, &mut got, enc);
+                    for &(s, e) in &pieces[..n] {
+                        la.push(s, e);
+                    }
+                    la.finish();
+                    assert_eq!(got, want, "{n} pieces, table {with_table}, round {round}");
+                }
+            }
+        }
     }
 }

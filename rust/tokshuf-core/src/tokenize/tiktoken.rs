@@ -5,7 +5,7 @@ use std::sync::{Arc, OnceLock};
 
 use sha2::{Digest, Sha256};
 
-use super::bpe::{self, BytePairEncoder};
+use super::bpe::{self, BytePairEncoder, TokenList};
 // tiktoken's pre-tokenizer patterns, as in tiktoken_ext.openai_public (the fast scanners
 // recognise them by this exact text).
 use super::pretok::{CL100K as CL100K_PAT, GPT2_TIKTOKEN as R50K_PAT, O200K as O200K_PAT};
@@ -91,7 +91,9 @@ const LONG_WHITESPACE: usize = 64;
 const REGEX_SLOTS: usize = 64;
 
 struct Tiktoken {
-    bpe: Arc<BytePairEncoder>,
+    list: Arc<TokenList>,
+    /// The merge by ranks, built on first use: the fast backend needs none of it.
+    bpe: OnceLock<std::result::Result<BytePairEncoder, String>>,
     regex: fancy_regex::Regex,
     per_thread: Vec<OnceLock<fancy_regex::Regex>>,
     ws: WsRule,
@@ -106,6 +108,11 @@ fn compile_pattern(pattern: &str) -> std::result::Result<fancy_regex::Regex, fan
 }
 
 impl Tiktoken {
+    fn bpe(&self) -> std::result::Result<&BytePairEncoder, String> {
+        let bpe = self.bpe.get_or_init(|| BytePairEncoder::new(bpe::ranks_of(&self.list)).map_err(|e| e.to_string()));
+        bpe.as_ref().map_err(Clone::clone)
+    }
+
     fn regex(&self) -> &fancy_regex::Regex {
         match rayon::current_thread_index() {
             Some(i) if i < REGEX_SLOTS => {
@@ -163,6 +170,7 @@ impl Tiktoken {
 
 impl Encoder for Tiktoken {
     fn encode_into(&self, text: &str, out: &mut Vec<u32>) -> std::result::Result<(), String> {
+        let bpe = self.bpe()?;
         // `find_iter`, unrolled so that long whitespace runs can bypass the regex. The
         // patterns have no look-behind or `^`, so matching from `pos` equals `find_iter`'s.
         let mut pos = 0;
@@ -170,7 +178,7 @@ impl Encoder for Tiktoken {
             let b = text.as_bytes()[pos];
             if b >= 0x80 || (b as char).is_whitespace() {
                 if let Some(len) = self.long_whitespace_piece(text, pos) {
-                    self.bpe.encode_piece(&text.as_bytes()[pos..pos + len], out);
+                    bpe.encode_piece(&text.as_bytes()[pos..pos + len], out);
                     pos += len;
                     continue;
                 }
@@ -181,7 +189,7 @@ impl Encoder for Tiktoken {
                 Err(e) => return Err(format!("tokenizer regex failed: {e}")),
             };
             if m.end() > m.start() {
-                self.bpe.encode_piece(m.as_str().as_bytes(), out);
+                bpe.encode_piece(m.as_str().as_bytes(), out);
                 pos = m.end();
             } else {
                 // An empty match: step over one character, as `find_iter` does.
@@ -193,8 +201,8 @@ impl Encoder for Tiktoken {
     fn decode(&self, ids: &[u32]) -> String {
         let decoder = self.decoder.get_or_init(|| {
             let mut decoder = vec![Vec::new(); self.vocab_size as usize];
-            for (bytes, &id) in self.bpe.ranks() {
-                decoder[id as usize] = bytes.clone();
+            for (bytes, id) in self.list.iter() {
+                decoder[id as usize] = bytes.to_vec();
             }
             for &(tok, id) in self.specials {
                 decoder[id as usize] = tok.as_bytes().to_vec();
@@ -215,26 +223,41 @@ pub(super) fn load_tiktoken(spec: &str, name: &str, backend: Backend) -> Result<
     let s = tiktoken_spec(name)
         .ok_or_else(|| Error::Tokenizer(format!("unknown tiktoken encoding {name:?}; known: {}", TIKTOKEN_NAMES.join(", "))))?;
     // The fast backend's class table is built beside the ranks.
-    let (raw, ranks) = std::thread::scope(|sc| {
+    let (raw, list) = std::thread::scope(|sc| {
         if backend != Backend::Reference {
             sc.spawn(crate::tokenize::pretok::CharClasses::shared);
         }
         let raw = bpe::gunzip(s.data)?;
-        let ranks = bpe::parse_tiktoken(&raw)?;
-        Ok::<_, Error>((raw, ranks))
+        let list = bpe::parse_token_list(&raw)?;
+        Ok::<_, Error>((raw, list))
     })?;
+    let mut single = [false; 256];
+    for (tok, _) in list.iter().filter(|(t, _)| t.len() == 1) {
+        single[tok[0] as usize] = true;
+    }
+    if let Some(b) = single.iter().position(|&x| !x) {
+        return Err(Error::Tokenizer(format!("{spec}: vocabulary lacks the single byte {b:#04x}")));
+    }
     let sha256 = crate::format::hex(&Sha256::digest(&raw));
-    let max_rank = ranks.values().copied().max().unwrap_or(0);
+    let max_rank = list.max_rank().unwrap_or(0);
     let max_special = s.specials.iter().map(|&(_, id)| id).max().unwrap_or(0);
     let vocab_size = max_rank.max(max_special) + 1;
     let regex = compile_pattern(s.pattern).map_err(|e| Error::Tokenizer(format!("{spec}: bad pattern: {e}")))?;
     let per_thread = (0..REGEX_SLOTS).map(|_| OnceLock::new()).collect();
     let eot = s.specials[0].1;
-    let bpe = Arc::new(BytePairEncoder::new(ranks)?);
-    let reference: Arc<dyn Encoder> =
-        Arc::new(Tiktoken { bpe: bpe.clone(), regex, per_thread, ws: s.ws, decoder: OnceLock::new(), specials: s.specials, vocab_size });
+    let list = Arc::new(list);
+    let reference: Arc<dyn Encoder> = Arc::new(Tiktoken {
+        list: list.clone(),
+        bpe: OnceLock::new(),
+        regex,
+        per_thread,
+        ws: s.ws,
+        decoder: OnceLock::new(),
+        specials: s.specials,
+        vocab_size,
+    });
     let (encoder, backend) = choose(spec, backend, (reference.clone(), "tokshuf-bpe"), || {
-        crate::tokenize::fast::FastEncoder::tiktoken(s.pattern, bpe, reference)
+        crate::tokenize::fast::FastEncoder::tiktoken(s.pattern, &list, reference)
     })?;
     Ok(Tokenizer { spec: spec.to_string(), sha256, vocab_size, backend, eot_id: Some(eot), pad_id: None, bos_id: None, encoder })
 }

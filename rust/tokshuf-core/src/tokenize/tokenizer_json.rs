@@ -10,15 +10,16 @@ use super::{choose, Backend, Encoder, Tokenizer};
 use crate::error::{Error, Result};
 
 /// The tokenizer.json a spec other than `tiktoken:...` names: a file, a folder holding
-/// one, or `hf:ORG/NAME` in the local Hugging Face cache.
+/// one, or `hf:ORG/NAME` (also `ORG/NAME` where no such path exists, as tokshuf-rs and
+/// `from_pretrained` take it) in the local Hugging Face cache.
 pub fn tokenizer_json_path(spec: &str) -> Result<PathBuf> {
-    if let Some(repo) = spec.strip_prefix("hf:") {
+    if let Some(repo) = spec.strip_prefix("hf:").or_else(|| hub_name(spec)) {
         return hf_cache_path(repo);
     }
     let p = PathBuf::from(spec);
     if !p.exists() {
         return Err(Error::Tokenizer(format!(
-            "{spec}: no such tokenizer: give tiktoken:NAME (NAME one of {}), a tokenizer.json file or a folder holding one, or hf:ORG/NAME from the local Hugging Face cache",
+            "{spec}: no such tokenizer: give tiktoken:NAME (NAME one of {}), a tokenizer.json file or a folder holding one, or hf:ORG/NAME (or ORG/NAME) from the local Hugging Face cache",
             super::TIKTOKEN_NAMES.join(", ")
         )));
     }
@@ -75,8 +76,17 @@ pub(super) fn load_tokenizer_json(spec: &str, path: &Path, allow_special: bool, 
     })
 }
 
-/// `hf:ORG/NAME` -> tokenizer.json of the snapshot `refs/main` points to in the local cache.
-fn hf_cache_path(repo: &str) -> Result<PathBuf> {
+/// `ORG/NAME` when `spec` names a Hugging Face model rather than a path: one slash between
+/// two names of the characters the Hub allows, and nothing of that name on disk.
+pub fn hub_name(spec: &str) -> Option<&str> {
+    let (org, name) = spec.split_once('/')?;
+    let part =
+        |s: &str| !s.is_empty() && !s.starts_with('.') && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    (part(org) && part(name) && !Path::new(spec).exists()).then_some(spec)
+}
+
+/// The local cache folder of model `repo` (which may not exist).
+fn repo_dir(repo: &str) -> PathBuf {
     let hub = if let Ok(p) = std::env::var("HF_HUB_CACHE") {
         PathBuf::from(p)
     } else if let Ok(p) = std::env::var("HF_HOME") {
@@ -85,7 +95,12 @@ fn hf_cache_path(repo: &str) -> Result<PathBuf> {
         let home = std::env::var("HOME").unwrap_or_default();
         PathBuf::from(home).join(".cache/huggingface/hub")
     };
-    let dir = hub.join(format!("models--{}", repo.replace('/', "--")));
+    hub.join(format!("models--{}", repo.replace('/', "--")))
+}
+
+/// `hf:ORG/NAME` -> tokenizer.json of the snapshot `refs/main` points to in the local cache.
+fn hf_cache_path(repo: &str) -> Result<PathBuf> {
+    let dir = repo_dir(repo);
     let snapshot = std::fs::read_to_string(dir.join("refs/main")).ok().map(|r| r.trim().to_string());
     let mut candidates: Vec<PathBuf> = snapshot.map(|s| dir.join("snapshots").join(s)).into_iter().collect();
     if let Ok(rd) = std::fs::read_dir(dir.join("snapshots")) {
@@ -96,8 +111,8 @@ fn hf_cache_path(repo: &str) -> Result<PathBuf> {
     candidates.into_iter().map(|d| d.join("tokenizer.json")).find(|p| p.is_file()).ok_or_else(|| {
         Error::Tokenizer(format!(
             "hf:{repo}: no tokenizer.json in the local Hugging Face cache ({}); tokshuf never \
-                 downloads: fetch it once with `huggingface-cli download {repo} tokenizer.json` \
-                 or pass the path of a tokenizer.json",
+                 downloads: fetch it once with `hf download {repo} tokenizer.json` (older huggingface_hub: \
+                 `huggingface-cli download {repo} tokenizer.json`), or pass the path of a tokenizer.json",
             dir.display()
         ))
     })

@@ -1,0 +1,165 @@
+//! Large files written once, front to back: stage 1's spills and stage 2's shards.
+//!
+//! Left alone, the kernel keeps a file's dirty pages in memory until the fsync that makes it
+//! durable (or until dirty pages reach a tenth of memory), so the disk idles while a thread
+//! formats a shard and the thread then idles in fsync while the disk writes it. Here each
+//! window of `WINDOW` bytes is handed to the disk as soon as it is full (`sync_file_range`),
+//! so writing overlaps the work that produces the next window and the final fsync waits for
+//! about one window.
+//!
+//! Shards are not read again by the build, so with `Cache::Drop` each window, once on disk,
+//! leaves the page cache: gigabytes of shards would otherwise push out the spills stage 2 is
+//! still gathering from (and the pages of whatever else runs on the machine). The writer then
+//! waits for its previous window before starting a new one, which paces it to the disk; that
+//! costs nothing, the disk being the slower of the two. Spills (`Cache::Keep`) are read again
+//! soon, so only the writing is started early and their pages stay.
+//!
+//! On systems without `sync_file_range` (anything but Linux) this is a plain file writer.
+
+use std::borrow::Borrow;
+use std::fs::File;
+use std::io::Write;
+
+/// Bytes handed to the disk at a time.
+pub const WINDOW: u64 = 8 << 20;
+
+/// What happens to a window's pages once they are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cache {
+    Keep,
+    Drop,
+}
+
+/// A file written front to back through `Write` (unbuffered: put a `BufWriter` in front).
+pub struct Streamed<F: Borrow<File>> {
+    file: F,
+    cache: Cache,
+    /// Bytes written; the first `started` of them were handed to the disk, and the first
+    /// `settled` of those are on it (and, with `Cache::Drop`, out of the page cache).
+    written: u64,
+    started: u64,
+    settled: u64,
+}
+
+impl<F: Borrow<File>> Streamed<F> {
+    pub fn new(file: F, cache: Cache) -> Self {
+        Streamed { file, cache, written: 0, started: 0, settled: 0 }
+    }
+
+    pub fn file(&self) -> &File {
+        self.file.borrow()
+    }
+
+    /// Make every byte written durable (fsync), then, with `Cache::Drop`, let the kernel drop
+    /// the file's pages.
+    pub fn sync(&mut self) -> std::io::Result<()> {
+        self.file().sync_all()?;
+        self.settled = self.written;
+        if self.cache == Cache::Drop {
+            os::drop_pages(self.file(), 0, 0);
+        }
+        Ok(())
+    }
+
+    fn window_full(&mut self) -> std::io::Result<()> {
+        let file = self.file.borrow();
+        os::start_writeback(file, self.started, self.written - self.started)?;
+        if self.cache == Cache::Drop && self.started > self.settled {
+            // The previous window: wait until it is on disk, then its pages are clean and can go.
+            os::wait_written(file, self.settled, self.started - self.settled)?;
+            os::drop_pages(file, self.settled, self.started - self.settled);
+            self.settled = self.started;
+        }
+        self.started = self.written;
+        Ok(())
+    }
+}
+
+impl<F: Borrow<File>> Write for Streamed<F> {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        let n = self.file.borrow().write(data)?;
+        self.written += n as u64;
+        if self.written - self.started >= WINDOW {
+            self.window_full()?;
+        }
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(()) // nothing is buffered here; durability is `sync`'s
+    }
+}
+
+#[cfg(target_os = "linux")]
+mod os {
+    use std::fs::File;
+    use std::os::unix::io::AsRawFd;
+
+    fn check(r: libc::c_int) -> std::io::Result<()> {
+        match r {
+            0 => Ok(()),
+            _ => {
+                let e = std::io::Error::last_os_error();
+                // A file system without it (some FUSE or network ones): fsync does it all later.
+                if matches!(e.raw_os_error(), Some(libc::ENOSYS) | Some(libc::EOPNOTSUPP) | Some(libc::EINVAL) | Some(libc::ESPIPE)) {
+                    Ok(())
+                } else {
+                    Err(e)
+                }
+            }
+        }
+    }
+
+    pub fn start_writeback(f: &File, offset: u64, len: u64) -> std::io::Result<()> {
+        // SAFETY: a valid descriptor and plain integers; the call only schedules I/O.
+        check(unsafe { libc::sync_file_range(f.as_raw_fd(), offset as i64, len as i64, libc::SYNC_FILE_RANGE_WRITE) })
+    }
+
+    pub fn wait_written(f: &File, offset: u64, len: u64) -> std::io::Result<()> {
+        let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+        // SAFETY: as above; this one waits for the range's writeback to end.
+        check(unsafe { libc::sync_file_range(f.as_raw_fd(), offset as i64, len as i64, flags) })
+    }
+
+    /// A hint: pages still dirty or under writeback are simply kept.
+    pub fn drop_pages(f: &File, offset: u64, len: u64) {
+        // SAFETY: as above; advice only, its result does not matter.
+        unsafe { libc::posix_fadvise(f.as_raw_fd(), offset as i64, len as i64, libc::POSIX_FADV_DONTNEED) };
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+mod os {
+    use std::fs::File;
+
+    pub fn start_writeback(_: &File, _: u64, _: u64) -> std::io::Result<()> {
+        Ok(())
+    }
+    pub fn wait_written(_: &File, _: u64, _: u64) -> std::io::Result<()> {
+        Ok(())
+    }
+    pub fn drop_pages(_: &File, _: u64, _: u64) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    #[test]
+    fn writes_every_byte_in_order_whatever_the_cache_policy() {
+        let dir = tempfile::tempdir().unwrap();
+        let data: Vec<u8> = (0..(2 * WINDOW + 12345)).map(|i| (i % 251) as u8).collect();
+        for cache in [Cache::Keep, Cache::Drop] {
+            let path = dir.path().join(format!("{cache:?}"));
+            let mut w = std::io::BufWriter::with_capacity(1 << 20, Streamed::new(File::create(&path).unwrap(), cache));
+            for piece in data.chunks(777_777) {
+                w.write_all(piece).unwrap();
+            }
+            let mut s = w.into_inner().map_err(|e| e.into_error()).unwrap();
+            s.sync().unwrap();
+            let mut back = Vec::new();
+            File::open(&path).unwrap().read_to_end(&mut back).unwrap();
+            assert!(back == data, "{cache:?}: the file differs from what was written");
+        }
+    }
+}

@@ -1,0 +1,126 @@
+"""``shuffle_only`` (``--shuffle-only``): tar shards of contexts, a tokshuf cache's or
+tokshuf-rs's, shuffled again into a new cache. The new order is DESIGN §5's with each shard an
+input file and each member a context in tar order (checked against the pure-Python model),
+whatever the member format or thread count, and the build resumes like any other."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import tarfile
+import uuid
+from pathlib import Path
+from typing import List
+
+import numpy as np
+import pytest
+import tokshuf
+from support import model
+from support.build import build, run_to_pause
+from support.cache import assert_same_cache, metadata, read_chunk, read_contexts
+from support.corpus import three_files
+
+SEQLEN = 32
+# Padding id 0 ("!", which the corpus never holds) rather than EOT: padding is then exactly the
+# run of it after the last EOT, so the figures of a reshuffled cache are its source's.
+PAD = 0
+OPTS = dict(seqlen=SEQLEN, chunk_size=10, num_local_cells=3, seed=5, pad_id=PAD, progress=False)
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> Path:
+    """A tokshuf cache of short chunks: many shards to shuffle together."""
+    root = tmp_path_factory.mktemp("shuffle-only")
+    build(three_files(root / "in"), root / "cache", seqlen=SEQLEN, chunk_size=7, pad_id=PAD)
+    return root / "cache"
+
+
+def shard_contexts(shards: List[Path]) -> List[List[List[int]]]:
+    """Each shard's contexts in tar order: the streams of a shuffle-only build."""
+    return [[c.tolist() for c in read_chunk(p)] for p in sorted(shards)]
+
+
+def expected(streams, seed: int, cells: int, chunk_size: int) -> List[List[int]]:
+    return [c for chunk in model.model_shuffle(streams, seed, cells, chunk_size) for c in chunk]
+
+
+@pytest.mark.parametrize("fmt", ["npy", "json.gz"])
+def test_reshuffled_cache_is_the_model_shuffle_of_its_shards(source, tmp_path, fmt):
+    shards = sorted(source.glob("shard_*.tar"))
+    stats = build([source], tmp_path / "out", shuffle_only=True, format=fmt, **OPTS)
+    want = expected(shard_contexts(shards), seed=5, cells=3, chunk_size=10)
+    assert read_contexts(tmp_path / "out") == want
+    meta = stats.metadata
+    src = metadata(source)
+    assert meta["recipe"]["input_kind"] == "shards"
+    assert [f["path"] for f in meta["inputs"]] == [p.name for p in shards]
+    # Documents end at EOTs and padding trails the last one: the source's own figures.
+    assert src["num_padding_tokens"] > 0
+    for key in ("num_contexts", "num_documents", "num_tokens", "num_padding_tokens"):
+        assert meta[key] == src[key], key
+    assert sorted(map(tuple, want)) == sorted(map(tuple, read_contexts(source)))
+
+
+def test_json_gz_shards_and_thread_counts_give_the_same_cache(source, tmp_path):
+    # json.gz shards of a cache built the same way hold the same contexts as npy ones.
+    build(
+        three_files(tmp_path / "in"), tmp_path / "json-src", format="json.gz", seqlen=SEQLEN, chunk_size=7, pad_id=PAD
+    )
+    build([source], tmp_path / "a", shuffle_only=True, threads=1, **OPTS)
+    build([tmp_path / "json-src"], tmp_path / "b", shuffle_only=True, threads=2, **OPTS)
+    assert read_contexts(tmp_path / "a") == read_contexts(tmp_path / "b")
+    assert (tmp_path / "a" / "manifest.jsonl").read_bytes() == (tmp_path / "b" / "manifest.jsonl").read_bytes()
+
+
+def tokshuf_rs_shard(path: Path, chunk: int, contexts: List[List[int]]) -> Path:
+    """A shard as tokshuf-rs writes it: GNU tar, members `{chunk}_{index}_{uuid}.json.gz`."""
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
+        for i, ctx in enumerate(contexts):
+            data = gzip.compress(json.dumps(ctx).encode())
+            info = tarfile.TarInfo(f"{chunk:08d}_{i:08d}_{uuid.uuid4()}.json.gz")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_tokshuf_rs_shards_are_reshuffled_exactly(tmp_path):
+    rng = np.random.default_rng(0)
+    (tmp_path / "rs").mkdir()
+    shards = [
+        tokshuf_rs_shard(tmp_path / "rs" / f"shard_{k:08d}.tar", k, rng.integers(0, 50277, size=(n, SEQLEN)).tolist())
+        for k, n in enumerate([9, 4, 12])
+    ]
+    (tmp_path / "rs" / "manifest.jsonl").write_text("")  # not a tar: not an input
+    neox = str(Path(__file__).parent / "data" / "gpt-neox-20b.json")
+    build([tmp_path / "rs"], tmp_path / "out", shuffle_only=True, tokenizer=neox, **OPTS)
+    assert read_contexts(tmp_path / "out") == expected(shard_contexts(shards), seed=5, cells=3, chunk_size=10)
+
+
+def test_a_killed_reshuffle_resumes_to_the_same_bytes(source, tmp_path):
+    opts = dict(OPTS, shuffle_only=True, threads=1)
+    point = run_to_pause([str(source)], tmp_path / "out", opts, "stage1.file:2", tmp_path / "trace")
+    assert point == "stage1.file:2"
+    build([source], tmp_path / "out", **opts)
+    build([source], tmp_path / "clean", **opts)
+    assert_same_cache(tmp_path / "out", tmp_path / "clean")
+
+
+def test_shards_that_do_not_fit_the_options_are_refused(source, tmp_path):
+    with pytest.raises(tokshuf.ConfigError, match=r"member 1 \(00000000_00000000\.npy\) holds 32 ids, not seqlen=33"):
+        build([source], tmp_path / "a", shuffle_only=True, seqlen=33)
+    big = tmp_path / "big"
+    big.mkdir()
+    tokshuf_rs_shard(big / "s.tar", 0, [[60000] * SEQLEN])
+    with pytest.raises(tokshuf.ConfigError, match="id 60000, outside the tokenizer's 50257 ids"):
+        build([big], tmp_path / "b", shuffle_only=True, seqlen=SEQLEN)
+    with pytest.raises(tokshuf.ConfigError, match="shuffle=False"):
+        build([source], tmp_path / "c", shuffle_only=True, shuffle=False, seqlen=SEQLEN)
+    bad = tmp_path / "bad" / "x.tar"
+    bad.parent.mkdir()
+    bad.write_bytes(b"not a tar file at all" * 40)
+    with pytest.raises(tokshuf.CacheCorruptError, match=r"x\.tar: not a readable tar file"):
+        build([bad], tmp_path / "d", shuffle_only=True, seqlen=SEQLEN)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(tokshuf.InputNotFoundError, match=r"no \.tar files"):
+        build([tmp_path / "empty"], tmp_path / "e", shuffle_only=True, seqlen=SEQLEN)
