@@ -36,7 +36,7 @@ def bytes_written(out: Path) -> int:
 def assert_nothing_harmed(out: Path, want: Path) -> None:
     """Every file the failed build published is a file of the finished cache (or tokshuf.json /
     manifest.jsonl of a build in progress); no temporary file is left behind."""
-    assert not list(out.rglob("*.tmp"))
+    assert not list(out.rglob("*.tmp*"))
     good = file_bytes(want)
     for name, data in file_bytes(out).items():
         if name.startswith("shard_"):

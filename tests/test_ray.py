@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import subprocess
@@ -10,10 +9,22 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
 import tokshuf
+from support.ray_builds import (
+    CL100K,
+    DRIVER,
+    NEOX,
+    SAMPLE,
+    assert_same_cache,
+    build_args,
+    local_build,
+    ray_build,
+    sample_parts,
+    wait_for,
+)
 from support.ray_cluster import ENV, LOOPBACK, LocalCluster, local_cluster
 from tokshuf import _ray
 from tokshuf.exceptions import ConfigError, InputError
@@ -34,7 +45,6 @@ def cluster() -> Iterator[LocalCluster]:
 
 
 def _where(i: int, _fault: bool = False) -> str:
-    import time
 
     time.sleep(0.3)  # long enough that one node cannot take every task
     return ray.get_runtime_context().get_node_id()
@@ -87,15 +97,30 @@ def test_input_error_is_raised_with_its_type_not_retried(cluster: LocalCluster) 
         _ray.run_stage(session, "bad", tasks, lambda i, r: None)
 
 
+def _probe(work: str, paths: List[str], urls: List[str], _fault: bool = False) -> bool:
+    _ray._CHECKED.clear()  # a fresh build for this worker process
+    _ray._check_node(work, paths, urls)
+    return True
+
+
 @pytest.mark.slow
-def test_preflight_names_the_path_a_node_cannot_see(cluster: LocalCluster, tmp_path: Path) -> None:
+def test_a_node_that_cannot_see_or_reach_a_path_stops_the_build(cluster: LocalCluster, tmp_path: Path) -> None:
+    """A task checks its node before its first work (the work folder, an input, the output):
+    a node that fails is named in a ConfigError that stops the stage at once."""
     session = _ray.connect("auto")
-    _ray.preflight(session, [str(tmp_path)], cpus=1)
+    ok = [_ray.Task(f"ok {i}", _probe, (str(tmp_path), [str(tmp_path)], []), 1) for i in range(3)]
+    assert _ray.run_stage(session, "probe", ok, lambda i, r: None).results == [True] * 3
     missing = tmp_path / "not-shared"
-    with pytest.raises(ConfigError, match=r"not-shared.*storage every node sees"):
-        _ray.preflight(session, [str(tmp_path), str(missing)], cpus=1)
+    bad = [_ray.Task(f"bad {i}", _probe, (str(tmp_path), [str(missing)], []), 1) for i in range(3)]
+    with pytest.raises(ConfigError, match=r"^node [0-9a-f]{8} \(.*\) cannot see .*not-shared.*storage every node sees"):
+        _ray.run_stage(session, "probe", bad, lambda i, r: None)
+    # A store this node has no configuration for (no Azure account here): never contacted.
+    url = "az://container/cache/tokshuf.json"
+    unreachable = [_ray.Task("store", _probe, (str(tmp_path), [], [url]), 1)]
+    with pytest.raises(ConfigError, match=r"cannot reach az://container/cache/tokshuf.json .*credentials and endpoint"):
+        _ray.run_stage(session, "probe", unreachable, lambda i, r: None)
     with pytest.raises(ConfigError, match="no Ray node has 2 CPUs"):
-        _ray.preflight(session, [str(tmp_path)], cpus=2)
+        _ray.build({"inputs": [], "output": str(tmp_path / "x")}, _ray.RayOptions(cpus_per_task=2), progress=False)
 
 
 def test_group_files_fills_groups_in_order() -> None:
@@ -150,75 +175,10 @@ def test_core_package_never_imports_ray(tmp_path: Path) -> None:
 
 # --- builds on the cluster: the same bytes as one machine --------------------------------------
 
-SAMPLE = Path(__file__).parent / "data" / "sample"
-NEOX = str(Path(__file__).parent / "data" / "gpt-neox-20b.json")
-CL100K = "tiktoken:cl100k_base"
-
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> List[Path]:
-    """Seven small input files (one gzip, one holding a single short document) cut from the
-    sample corpus: enough files and chunks for several tasks per stage."""
-    root = tmp_path_factory.mktemp("corpus")
-    lines = (SAMPLE / "kjv.jsonl").read_text().splitlines(keepends=True)
-    lines += (SAMPLE / "wordnet.jsonl").read_text().splitlines(keepends=True)
-    files = []
-    for k in range(6):
-        part = "".join(lines[k::6]).encode()
-        path = root / (f"part{k}.jsonl.gz" if k == 2 else f"part{k}.jsonl")
-        path.write_bytes(gzip.compress(part, mtime=0) if k == 2 else part)
-        files.append(path)
-    files.append(root / "tiny.jsonl")
-    files[-1].write_text(json.dumps({"text": "In the beginning."}) + "\n")
-    return files
-
-
-def local_build(inputs: List[Path], out: Path, **opts: Any) -> Dict[str, Any]:
-    return tokshuf.build_cache(inputs, out, progress=False, threads=1, **opts).metadata
-
-
-def ray_build(inputs: List[Path], out: Path, options: Optional[_ray.RayOptions] = None, **opts: Any) -> Dict[str, Any]:
-    """A Ray build through the engine's own entry, to choose task sizes."""
-    args = dict(
-        inputs=[str(p) for p in sorted(inputs)],
-        output=str(out),
-        tokenizer=opts.pop("tokenizer", tokshuf.DEFAULT_TOKENIZER),
-        seqlen=opts.pop("seqlen", 2049),
-        chunk_size=opts.pop("chunk_size", 8192),
-        num_local_cells=opts.pop("num_local_cells", None),
-        local_cell_dir=None,
-        seed=opts.pop("seed", 0),
-        text_key="text",
-        format=opts.pop("format", "npy"),
-        block_size=opts.pop("block_size", None),
-        tail=opts.pop("tail", "stitch"),
-        eot_id=None,
-        pad_id=None,
-        bos=False,
-        bos_id=None,
-        allow_special_tokens=False,
-        shuffle=opts.pop("shuffle", True),
-        memory_limit=1 << 30,
-        errors=opts.pop("errors", "raise"),
-        overwrite=opts.pop("overwrite", False),
-    )
-    assert not opts, opts
-    return _ray.build(args, options or _ray.RayOptions(cpus_per_task=1), progress=False)
-
-
-def assert_same_cache(a: Path, b: Path) -> None:
-    """Every file byte-identical, tokshuf.json but its `build` key."""
-    names = sorted(p.name for p in a.iterdir())
-    assert names == sorted(p.name for p in b.iterdir())
-    assert "manifest.jsonl" in names and any(n.endswith(".tar") for n in names)
-    for name in names:
-        if name == "tokshuf.json":
-            ma, mb = (json.loads((d / name).read_text()) for d in (a, b))
-            ma.pop("build"), mb.pop("build")
-            assert ma == mb
-            assert (a / name).read_bytes().count(b"\n") > 0
-        else:
-            assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    return sample_parts(tmp_path_factory.mktemp("corpus"))
 
 
 RECIPES = [
@@ -261,7 +221,7 @@ def test_ray_build_is_byte_identical_to_local(
     assert (b["engine"], b["nodes"], b["cpus"], b["retries"]) == ("ray", 3, 3, 0)
     assert b["tasks"]["tokenize"] >= len(corpus) // files_per_task
     assert b["tasks"]["write"] == -(-want["num_chunks"] // chunks_per_task)
-    assert set(b["durations"]) == {"connect_s", "preflight_s", "tokenize_s", "plan_s", "write_s"}
+    assert set(b["durations"]) == {"connect_s", "tokenize_s", "plan_s", "regroup_s", "write_s"}
     # Run again: the complete cache is confirmed, not rebuilt.
     assert ray_build(corpus, tmp_path / "ray", options, **opts)["build"] == b
 
@@ -317,16 +277,6 @@ def test_failed_tasks_are_retried_to_the_same_bytes(
         assert_same_cache(tmp_path / "local", tmp_path / fault.replace(":", "-"))
 
 
-def _wait_for(path: Path, text: str, what: Any, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not (path.exists() and text in path.read_text()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{text!r} never appeared in {path}")
-        if what is not None and not what():
-            raise AssertionError(f"the build ended before {text!r}")
-        time.sleep(0.05)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("point", ["stage1.spill", "stage2.tmp"])
 def test_worker_node_lost_mid_stage(
@@ -334,7 +284,9 @@ def test_worker_node_lost_mid_stage(
 ) -> None:
     """A fourth node whose tasks stop for good at `point` (a spill renamed but its summary not
     yet written; a shard written under its temporary name) is removed while they hang: its
-    task is retried on the other nodes and the cache is the one machine's."""
+    task is retried on the other nodes and the cache is the one machine's. Until the task has
+    paused, the other nodes' CPUs are held, so the doomed node runs the first task of the
+    stage whatever the scheduler prefers (all of stage 1 too, for a pause in stage 2)."""
     opts = dict(tokenizer=NEOX, seqlen=128, chunk_size=32, num_local_cells=4, tail="pad")
     local_build(corpus, tmp_path / "local", **opts)
     trace = tmp_path / "trace"
@@ -355,9 +307,11 @@ def test_worker_node_lost_mid_stage(
             result["error"] = e
 
     driver = threading.Thread(target=run)
-    driver.start()
     try:
-        _wait_for(trace, f"paused {point}", driver.is_alive)
+        with cluster.only_on(node) as free_others:
+            driver.start()
+            wait_for(trace, f"paused {point}", driver.is_alive)
+            free_others()
     finally:
         cluster.remove_worker(node)
     driver.join(timeout=300)
@@ -365,14 +319,7 @@ def test_worker_node_lost_mid_stage(
     assert_same_cache(tmp_path / "local", tmp_path / "ray")
     assert result["meta"]["build"]["nodes"] == 4
     assert len(cluster.alive_nodes()) == 3
-
-
-DRIVER = """
-import json, sys
-from tokshuf import _ray
-args, address = json.loads(sys.argv[1]), sys.argv[2]
-_ray.build(args, _ray.RayOptions(address=address, cpus_per_task=1, task_bytes=1, chunks_per_task=1), progress=False)
-"""
+    assert trace.read_text().count(f"paused {point}") == 1
 
 
 @pytest.mark.slow
@@ -385,16 +332,11 @@ def test_killed_driver_resumes_to_the_same_bytes(
     opts = dict(tokenizer=CL100K, seqlen=128, chunk_size=32, num_local_cells=4, format="json.gz")
     local_build(corpus, tmp_path / "local", **opts)
     out, trace = tmp_path / "ray", tmp_path / "trace"
-    args = dict(
-        inputs=[str(p) for p in sorted(corpus)], output=str(out), tokenizer=CL100K, seqlen=128, chunk_size=32,
-        num_local_cells=4, local_cell_dir=None, seed=0, text_key="text", format="json.gz", tail="stitch",
-        eot_id=None, pad_id=None, bos=False, bos_id=None, allow_special_tokens=False, shuffle=True,
-        memory_limit=1 << 30, errors="raise", overwrite=False,
-    )  # fmt: skip
+    args = build_args(corpus, out, **opts)
     env = dict(os.environ, TOKSHUF_TEST_PAUSE=point, TOKSHUF_TEST_TRACE=str(trace))
     proc = subprocess.Popen([sys.executable, "-c", DRIVER, json.dumps(args), cluster.address], env=env)
     try:
-        _wait_for(trace, f"paused {point}", lambda: proc.poll() is None)
+        wait_for(trace, f"paused {point}", lambda: proc.poll() is None)
     finally:
         proc.kill()
         proc.wait()

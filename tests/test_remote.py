@@ -4,18 +4,22 @@ faults, and resumes after a failed upload without redoing what is already there.
 
 from __future__ import annotations
 
-import gzip
 import json
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any, List
+from typing import Any, Dict, List
 
 import pytest
 import tokshuf
-from support.corpus import make_docs, three_files
+from support.cache import same_except_input_names
+from support.corpus import multi_member_inputs, three_files
 from support.s3 import S3, every_get, uploads
+from support.steps import drive, step_args
+from tokshuf import _core
+from tokshuf._cli_status import build_status
 
 OPTS = dict(seqlen=64, chunk_size=16, progress=False)
 
@@ -66,8 +70,11 @@ def test_failed_upload_resumes_and_skips_what_is_there(s3: S3, tmp_path: Path, s
     with pytest.raises(tokshuf.RemoteError, match=shards[2].replace(".", r"\.")):
         tokshuf.build_cache(small_corpus, url, local_cell_dir=tmp_path / "scratch", **OPTS)
     # Nothing claims to be complete; the staging copy waits for the next run.
-    assert json.loads(s3.get("caches/c/tokshuf.json"))["status"] == "building"
-    assert "caches/c/manifest.jsonl" not in s3.keys("caches/c/")
+    assert json.loads(s3.get("caches/c/tokshuf.json"))["status"] == "writing"
+    # A manifest, if one is there yet, lists only shards in the store.
+    if "caches/c/manifest.jsonl" in s3.keys("caches/c/"):
+        listed = [json.loads(line)["shard"] for line in s3.get("caches/c/manifest.jsonl").splitlines()]
+        assert all(f"caches/c/{s}.tar" in s3.keys("caches/c/") for s in listed) and len(listed) < len(shards)
     assert any((tmp_path / "scratch").glob("tokshuf-staging-*"))
     proxy = s3.faults(seed=0, rate=0.0)
     tokshuf.build_cache(small_corpus, url, local_cell_dir=tmp_path / "scratch", **OPTS)
@@ -88,45 +95,9 @@ def test_another_cache_at_the_url_is_not_overwritten(s3: S3, tmp_path: Path, sma
 # -- inputs in a store ------------------------------------------------------------------------
 
 
-def multi_member_inputs(root: Path) -> List[Path]:
-    """The three small files plus a multi-member gzip and a multi-frame zstd file."""
-    zstandard = pytest.importorskip("zstandard")
-    files = three_files(root)
-    docs = [make_docs(30, s) for s in (11, 12, 13)]
-    lines = [("".join(json.dumps({"text": d}) + "\n" for d in part)).encode() for part in docs]
-    gz = root / "d.jsonl.gz"
-    gz.write_bytes(b"".join(gzip.compress(x, mtime=0) for x in lines))
-    zst = root / "e.jsonl.zst"
-    zst.write_bytes(b"".join(zstandard.ZstdCompressor().compress(x) for x in lines))
-    return sorted([*files, gz, zst])
-
-
 def upload_all(s3: S3, files: List[Path], prefix: str) -> None:
     for f in files:
         s3.put(f"{prefix}/{f.name}", f.read_bytes())
-
-
-def same_except_input_names(a: Path, b: Path) -> None:
-    """Two local caches: identical shards and manifest; tokshuf.json equal but for the input
-    names (and the run's own ``build`` figures)."""
-    names = sorted(p.name for p in a.iterdir() if p.is_file())
-    assert names == sorted(p.name for p in b.iterdir() if p.is_file())
-    for n in names:
-        if n != "tokshuf.json":
-            assert (a / n).read_bytes() == (b / n).read_bytes(), n
-    ma, mb = (json.loads((d / "tokshuf.json").read_text()) for d in (a, b))
-    assert strip_names(ma) == strip_names(mb)
-
-
-def strip_names(meta: Any) -> Any:
-    """tokshuf.json without ``build`` and with input paths cut to their file names."""
-    if isinstance(meta, dict):
-        return {k: strip_names(v) for k, v in meta.items() if k != "build"}
-    if isinstance(meta, list):
-        return [strip_names(v) for v in meta]
-    if isinstance(meta, str) and ("/" in meta) and meta.endswith((".jsonl", ".gz", ".zst")):
-        return meta.rsplit("/", 1)[1]
-    return meta
 
 
 def test_build_from_s3_inputs_equals_the_local_build(s3: S3, tmp_path: Path) -> None:
@@ -309,3 +280,156 @@ def test_remote_reader_fetches_ahead_in_its_exact_future_order(s3: S3, tmp_path:
         time.sleep(0.05)
     # Exactly the next three shards of this reader's order are there: fetched ahead, in order.
     assert have == sorted(f"shard_{c:08d}.tar" for c in ahead)
+
+
+# -- following a build into a store -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_follow_a_build_into_the_store(s3: S3, tmp_path: Path, small_corpus: list, shuffle: bool) -> None:
+    """A reader opens the URL before the build has written anything, reads its first batch
+    while the build still runs, and gets the local cache's batches."""
+    args = step_args(small_corpus, s3.url("caches/follow"), local_cell_dir=str(tmp_path / "scratch"), shuffle=shuffle)
+    local = tmp_path / "local"
+    tokshuf.build_cache(
+        small_corpus, local, seqlen=64, chunk_size=16, num_local_cells=3, shuffle=shuffle, progress=False
+    )
+    n = len(tokshuf.Cache(local)) // 8 + 3  # into the second epoch
+    want = batches(tokshuf.Cache(local), n)
+    done: Dict[str, float] = {}
+
+    def build() -> None:
+        drive(args, chunks_per_call=1, pause=0.3)
+        done["at"] = time.monotonic()
+
+    builder = threading.Thread(target=build)
+    builder.start()
+    try:
+        cache = tokshuf.Cache(s3.url("caches/follow"), follow=True, timeout=60, cache_dir=tmp_path / "cc")
+        r = tokshuf.Reader(cache, batch_size=8, seed=3, prefetch=0)
+        got = [next(r).tobytes()]
+        first_at = time.monotonic()
+        got += [next(r).tobytes() for _ in range(n - 1)]
+    finally:
+        builder.join(timeout=120)
+    assert got == want
+    assert first_at < done["at"], "the reader did not follow: the build was over before its first batch"
+    assert cache.following
+
+
+DEAD_DRIVER = """
+import json, sys, time
+from tokshuf import _core
+steps = _core.BuildSteps(**json.loads(sys.argv[1]))
+assert steps.begin("{}") is None
+steps.stage1(list(range(len(steps.input_sizes()))), 1)
+steps.plan_chunks(1, "{}")
+steps.add_lines(0, steps.stage2(0, 1, 1))
+steps.upload_manifest(now=True)
+print("listed", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("how", ["gave up", "killed"])
+def test_follow_a_dead_build_in_the_store(
+    s3: S3, tmp_path: Path, small_corpus: list, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """A driver stops before the cache is complete, after listing its first chunk: giving up
+    its lease (an error), or leaving it to go stale (SIGKILL; a lease of a second here). A
+    reader waiting for a later chunk learns that the build is not running, instead of waiting
+    forever."""
+    monkeypatch.setenv("TOKSHUF_REMOTE_LEASE", "1")
+    url = s3.url(f"caches/dead-{how.replace(' ', '-')}")
+    args = step_args(small_corpus, url, local_cell_dir=str(tmp_path / "scratch"), shuffle=False)
+    if how == "gave up":
+        steps = _core.BuildSteps(**args)
+        assert steps.begin("{}") is None
+        # A second build refuses to start while the first one's lease is live.
+        with pytest.raises(tokshuf.OutputExistsError, match="another tokshuf build"):
+            _core.BuildSteps(**args).begin("{}")
+        steps.stage1(list(range(len(steps.input_sizes()))), 1)
+        steps.plan_chunks(1, "{}")
+        steps.add_lines(0, steps.stage2(0, 1, 1))
+        steps.upload_manifest(now=True)
+        steps.release()
+    else:
+        cmd = [sys.executable, "-c", DEAD_DRIVER, json.dumps(args)]
+        with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) as driver:
+            try:
+                assert driver.stdout is not None and driver.stdout.readline().strip() == "listed"
+            finally:
+                driver.kill()
+    cache = tokshuf.Cache(url, follow=True, timeout=60, cache_dir=tmp_path / "cc")
+    assert cache.following and cache.num_chunks > 1
+    assert len(cache.get_batch(range(16))) == 16  # chunk 0 is there
+    t = time.monotonic()
+    with pytest.raises(tokshuf.BuildNotRunningError, match=r"s3://.*caches/dead.*not running"):
+        cache.get_batch([len(cache) - 1])
+    assert time.monotonic() - t < 30
+
+
+# -- the command line on remote caches --------------------------------------------------------
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tokshuf", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_cli_verify_status_inspect_blend_take_urls(s3: S3, tmp_path: Path, small_corpus: list) -> None:
+    local = tmp_path / "local"
+    tokshuf.build_cache(small_corpus, local, **OPTS)
+    url = s3.url("caches/cli2")
+    _core._storage_publish(str(local), url)
+
+    for args in (["verify", url], ["verify", url, "--full"]):
+        r = run_cli(*args)
+        assert r.returncode == 0, r.stderr
+    status = json.loads(run_cli("status", url, "--json").stdout)
+    meta = json.loads((local / "tokshuf.json").read_text())
+    assert (status["status"], status["chunks_listed"], status["chunks_written"]) == (
+        "complete",
+        meta["num_chunks"],
+        meta["num_chunks"],
+    )
+    remote, here = (run_cli("inspect", c, "-n", "3").stdout.splitlines() for c in (url, str(local)))
+    assert remote[0] == url and remote[1:] == here[1:]
+    blend = run_cli("blend", f"{url}:0.25", f"{local}:0.75", "--json")
+    assert blend.returncode == 0, blend.stderr
+    assert [round(c["achieved"], 3) for c in json.loads(blend.stdout)["components"]] == [0.25, 0.75]
+
+    # A shard changed in the store: the same size is caught by --full; a cut one by any verify.
+    shard = sorted(p.name for p in local.glob("shard_*.tar"))[1]
+    data = bytearray((local / shard).read_bytes())
+    data[700] ^= 0xFF
+    s3.put(f"caches/cli2/{shard}", bytes(data))
+    assert run_cli("verify", url).returncode == 0
+    r = run_cli("verify", url, "--full")
+    assert r.returncode == 1 and shard in r.stdout and "sha256" in r.stdout
+    s3.put(f"caches/cli2/{shard}", bytes(data[:-1024]))
+    r = run_cli("verify", url)
+    assert r.returncode == 1 and shard in r.stdout
+
+
+def test_status_of_a_build_into_the_store(
+    s3: S3, tmp_path: Path, small_corpus: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TOKSHUF_REMOTE_LEASE", "1")
+    url = s3.url("caches/st")
+    steps = _core.BuildSteps(**step_args(small_corpus, url, local_cell_dir=str(tmp_path / "scratch")))
+    assert steps.begin("{}") is None
+    steps.stage1([0, 1], 1)
+    s = build_status(url)
+    assert (s["status"], s["stage"], s["files_done"], s["files_total"], s["running"]) == (
+        "building",
+        "tokenize",
+        2,
+        3,
+        True,
+    )
+    assert s["work_dir"] == url + "/.tokshuf-work"
+    steps.release()
+    time.sleep(1.5)  # the lease goes stale
+    assert build_status(url)["running"] is False
+    r = run_cli("status", url)
+    assert r.returncode == 0 and "not running" in r.stdout

@@ -118,8 +118,10 @@ def build_cache(
         inputs: ``.jsonl``, ``.jsonl.gz``, ``.jsonl.zst`` or ``.jsonl.zstd`` files, directories
             (searched recursively), globs or object-store URLs, one or several. Files are read in
             sorted order, each once.
-        output: the cache folder (or ``s3://BUCKET/PREFIX``...; docs/storage.md). It must be new
-            or empty, or hold an unfinished build of the same inputs and options.
+        output: the cache folder (or ``s3://BUCKET/PREFIX``...; docs/storage.md: the local engine
+            builds it on local disk and uploads it, the Ray engine's tasks upload their files as
+            they go). It must be new or empty, or hold an unfinished build of the same inputs and
+            options.
         tokenizer: ``"tiktoken:r50k_base"`` (default), ``"tiktoken:p50k_base"``,
             ``"tiktoken:cl100k_base"``, ``"tiktoken:o200k_base"`` (embedded), a Hugging Face
             ``tokenizer.json`` or a folder holding one, or ``"hf:ORG/NAME"`` from the local
@@ -200,15 +202,15 @@ def build_cache(
 def run_build(inputs: Union[PathLike, Iterable[PathLike]], output: PathLike, **options: Any) -> BuildStats:
     """``build_cache`` without printing its summary (the CLI prints it on stdout). The core
     checks every option. ``ext`` (the CLI's): the file names directories are searched for."""
-    if is_url(output):
-        local, overwrite = options.pop("local_cell_dir", None), options.pop("overwrite", False)
-        return build_to_url(run_build, inputs, output, local, overwrite, **options)
     suffixes = input_suffixes(options.pop("ext", None), bool(options.get("shuffle_only")))
     engine, ray_address = options.pop("engine", "local"), options.pop("ray_address", None)
     if engine not in ("local", "ray"):
         raise ConfigError(f"engine must be 'local' or 'ray', not {engine!r}")
     if ray_address is not None and engine != "ray":
         raise ConfigError("ray_address is an option of engine='ray'")
+    if is_url(output) and engine == "local":
+        local, overwrite = options.pop("local_cell_dir", None), options.pop("overwrite", False)
+        return build_to_url(run_build, inputs, output, local, overwrite, **options)
     local = options.get("local_cell_dir")
     options.update(
         # Absolute: the core records them relative to their common folder anyway, and tasks of

@@ -82,7 +82,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         nargs="+",
         type=parse_blend_spec,
         metavar="PATH:WEIGHT",
-        help="a cache folder and its weight; one per cache",
+        help="a cache folder (or URL) and its weight; one per cache",
     )
     p.add_argument(
         "--quantum", type=int, default=DEFAULT_QUANTUM, help=f"period of the schedule (default {DEFAULT_QUANTUM})"

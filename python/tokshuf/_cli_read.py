@@ -18,7 +18,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         description="Read this rank's slice of each global batch and print its sha256 (of the "
         "int64 ids), so runs, ranks and world sizes can be compared.",
     )
-    p.add_argument("cache", nargs="?", help="cache folder (or give --blend instead)")
+    p.add_argument("cache", nargs="?", help="cache folder or URL (or give --blend instead)")
     add_blend_arguments(p)
     p.add_argument("--rank", type=int, default=0, help="this reader's rank, 0 <= RANK < WORLD_SIZE (default 0)")
     p.add_argument("--world-size", type=int, default=1, help="number of readers sharing each global batch (default 1)")
@@ -55,7 +55,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "(for an unpacked cache: of every example, and the counts of each length bin), and its first "
         "contexts decoded back to text.",
     )
-    q.add_argument("cache", help="cache folder")
+    q.add_argument("cache", help="cache folder or URL")
     q.add_argument("--contexts", "-n", type=int, default=2, help="contexts to decode (default 2)")
     q.add_argument("--chars", type=int, default=300, help="characters of text shown per context")
     q.add_argument(

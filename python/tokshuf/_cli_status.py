@@ -12,10 +12,11 @@ from ._inputs import PathLike
 
 
 def build_status(output: PathLike, local_cell_dir: Optional[PathLike] = None) -> Dict[str, Any]:
-    """Progress of the build in ``output``: ``status`` (as in tokshuf.json: building,
-    streaming, writing, complete), ``stage``, ``files_done`` / ``files_total`` (stage 1),
-    ``chunks_written`` (shards on disk), ``chunks_listed`` (lines in manifest.jsonl) and
-    ``chunks_planned`` (None until the chunk plan is known). Pass the build's
+    """Progress of the build in ``output`` (a folder or an object-store URL): ``status`` (as in
+    tokshuf.json: building, streaming, writing, complete), ``stage``, ``files_done`` /
+    ``files_total`` (stage 1), ``chunks_written`` (shards there), ``chunks_listed`` (lines in
+    manifest.jsonl), ``chunks_planned`` (None until the chunk plan is known) and ``running``
+    (None when it cannot be known: a store without a build lease). Pass the build's
     ``local_cell_dir`` if it had one, to find its work folder."""
     return json.loads(
         _core.build_status(os.fspath(output), None if local_cell_dir is None else os.fspath(local_cell_dir))
@@ -33,10 +34,13 @@ def format_status(s: Dict[str, Any]) -> str:
         f"  chunks      {chunks}",
     ]
     if s["status"] != "complete":
+        running = s.get("running")
         lines.append(
             "  build       running"
-            if s.get("running")
+            if running
             else "  build       not running: run the same build command again to resume it"
+            if running is False
+            else "  build       not known (a build into a store keeps a lease only with engine='ray')"
         )
     return "\n".join(lines)
 
@@ -47,7 +51,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="show how far a build has come (finished or not)",
         description="Show the progress of a build in OUTPUT: stage, files tokenized, chunks written.",
     )
-    p.add_argument("output", help="the build's output folder")
+    p.add_argument("output", help="the build's output folder or URL")
     p.add_argument("--local-cell-dir", default=None, help="the build's --local-cell-dir, if it had one")
     p.add_argument("--json", action="store_true", help="print the status as JSON")
     p.set_defaults(func=_cmd_status)

@@ -13,7 +13,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "every id below the vocabulary size, and the counts. Exit status 0 when the cache is sound, "
         "1 when it is not.",
     )
-    p.add_argument("cache", help="cache folder")
+    p.add_argument("cache", help="cache folder or URL (s3://, gs://, az://)")
     p.add_argument("--full", action="store_true", help="also compare every shard's sha256 with the manifest")
     p.add_argument("--quiet", "-q", action="store_true", help="print only problems")
     p.set_defaults(func=_cmd_verify)

@@ -1,27 +1,32 @@
 """``engine="ray"``: the build's steps run as Ray tasks (DESIGN §10, docs/distributed.md).
 
-The driver plans, sends stage 1 over groups of input files and stage 2 over groups of chunks to
-the cluster, and finalizes. Every step is pure and idempotent and publishes its output by a
-rename on storage that every node sees (the output folder and its work folder), so a task lost
-with its node, or retried after an error, rewrites the same bytes: the cache is the one a single
-machine builds. What travels through Ray is small: file indices and chunk ranges out, summaries
-and manifest lines back.
+The driver plans, sends stage 1 over groups of input files, then (shuffled builds) the regroup
+of their spills in cell order and stage 2 over groups of chunks to the cluster, and finalizes.
+Every step is pure and idempotent and publishes its output whole, by a rename on storage every
+node sees or as one object in a store (the output and its work folder), so a task lost with its
+node, or retried after an error, rewrites the same bytes: the cache is the one a single machine
+builds. What travels through Ray is small: the recipe once, file indices and chunk ranges out,
+summaries and manifest lines back.
 
 Ray is an optional dependency, imported only here and only when a build asks for this engine.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from ._remote import is_url
 from .exceptions import (
     ConfigError,
     InputError,
+    InputNotFoundError,
     OutputExistsError,
     TokenizerError,
     TokshufError,
@@ -159,91 +164,49 @@ def span(items: Sequence[int], noun: str) -> str:
     return f"{noun} {items[0]}" if len(items) == 1 else f"{noun} {items[0]}-{items[-1]}"
 
 
-def _node_check(paths: List[str], version: str, args: Optional[Dict[str, Any]]) -> Dict[str, Any]:
-    """Runs on one node: which of ``paths`` it cannot see, its tokshuf version, and (``args``)
-    the build's tokenizer loaded into this worker process for the tasks to come."""
-    from . import __version__
-
-    out: Dict[str, Any] = {
-        "host": socket.gethostname(),
-        "missing": [p for p in paths if not os.path.exists(p)],
-        "version": __version__,
-        "version_ok": __version__ == version,
-    }
-    if args is not None and out["version_ok"] and not out["missing"]:
-        try:
-            _steps(args)
-        except TokshufError as e:
-            out["error"] = e
-    return out
-
-
-def preflight_start(
-    session: Session, paths: List[str], cpus: int, args: Optional[Dict[str, Any]] = None
-) -> Dict[str, Any]:
-    """Send the pre-flight check to every node that can run a task (see ``preflight``); it runs
-    while the driver loads the tokenizer and prepares the output folder."""
-    ray = session.ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    from . import __version__
-
-    check = ray.remote(_node_check)
-    refs = {
-        n["NodeID"]: check.options(
-            name=f"tokshuf preflight {n['NodeManagerAddress']}",
-            num_cpus=0,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=n["NodeID"], soft=False),
-        ).remote(paths, __version__, args)
-        for n in session.nodes
-        if n["Resources"].get("CPU", 0) >= cpus
-    }
-    if not refs:
-        raise ConfigError(f"no Ray node has {cpus} CPUs for one task; lower threads (CPUs per task)")
-    return refs
-
-
-def preflight_finish(session: Session, refs: Dict[str, Any]) -> None:
-    from . import __version__
+def _node_problems(paths: Sequence[str], urls: Sequence[str]) -> List[str]:
+    """What keeps this node from taking part: ``paths`` it cannot see, ``urls`` it cannot reach."""
+    from . import _core
 
     problems = []
-    for node_id, ref in refs.items():
-        r = session.ray.get(ref)
-        where = f"node {node_id[:8]} ({r['host']})"
-        if r["missing"]:
-            problems.append(
-                f"{where} cannot see {', '.join(r['missing'])}: with engine='ray' the output folder, "
-                "the work folder (local_cell_dir) and the inputs must be on storage every node sees"
-            )
-        if not r["version_ok"]:
-            problems.append(f"{where} runs tokshuf {r['version']}, the driver {__version__}: install the same version")
-        if isinstance(r.get("error"), TokshufError):
-            raise r["error"]
-    if problems:
-        raise ConfigError("; ".join(problems))
-
-
-def preflight(session: Session, paths: List[str], cpus: int, args: Optional[Dict[str, Any]] = None) -> None:
-    """Before any work: every node sees ``paths`` (the output folder, an input; each task then
-    checks the work folder), runs this tokshuf version, and can load the tokenizer. A node that
-    cannot would fail every task sent to it, or worse, write to a folder no other node reads."""
-    preflight_finish(session, preflight_start(session, paths, cpus, args))
-
-
-def _existing(path: str) -> str:
-    """``path``, or its nearest existing ancestor (the output folder may not exist yet)."""
-    p = os.path.abspath(path)
-    while not os.path.exists(p) and os.path.dirname(p) != p:
-        p = os.path.dirname(p)
-    return p
-
-
-def _check_work(steps: Any) -> None:
-    if not os.path.isdir(steps.work):
-        raise ConfigError(
-            f"{socket.gethostname()} cannot see the work folder {steps.work}: with engine='ray' it must be "
-            "on storage every node sees (local_cell_dir on a node's own disk cannot be used)"
+    missing = [p for p in paths if not os.path.exists(p)]
+    if missing:
+        problems.append(
+            f"cannot see {', '.join(missing)}: with engine='ray' the output folder, the work folder "
+            "(local_cell_dir) and the inputs must be on storage every node sees"
         )
+    for url in urls:
+        try:
+            _core._storage_head(url)
+        except InputNotFoundError:
+            pass  # reachable, and nothing there yet
+        except TokshufError as e:
+            problems.append(
+                f"cannot reach {url} ({e}): every node needs the store's credentials and endpoint "
+                "(AWS_*, GOOGLE_*, AZURE_* in its environment when `ray start` runs, or an instance role)"
+            )
+    return problems
+
+
+# Builds whose node check this worker process has passed (by work folder).
+_CHECKED: Dict[str, bool] = {}
+
+
+def _check_node(work: str, paths: Sequence[str], urls: Sequence[str]) -> None:
+    """Before a worker process's first task of a build: its node sees the work folder and
+    ``paths`` (an input, the output folder) and reaches ``urls`` (an input, the output in a
+    store). A node that cannot would fail every task sent to it, or worse, write to a folder no
+    other node reads: the ConfigError naming it stops the build at once (a failure of the
+    options is never retried). The tokshuf version and the tokenizer are checked against the
+    driver's when the task opens the build's steps."""
+    if work in _CHECKED:
+        return
+    problems = _node_problems([*paths, *([] if is_url(work) else [work])], urls)
+    if problems:
+        ray = import_ray()
+        node = f"node {ray.get_runtime_context().get_node_id()[:8]} ({socket.gethostname()})"
+        raise ConfigError("; ".join(f"{node} {p}" for p in problems))
+    _CHECKED[work] = True
 
 
 def _unwrap(ray: Any, err: BaseException) -> BaseException:
@@ -274,10 +237,12 @@ def run_stage(
     stage: str,
     tasks: List[Task],
     on_done: Callable[[int, Any], None],
+    on_idle: Optional[Callable[[], None]] = None,
 ) -> StageResult:
     """Run ``tasks`` on the cluster, results by task index; ``on_done`` is called on the driver
-    as each finishes (progress, manifest lines). A failure that the input or options cause is
-    raised at once with its own type; any other is retried up to MAX_ATTEMPTS times."""
+    as each finishes (progress, manifest lines), ``on_idle`` when none has for a second. A
+    failure that the input or options cause is raised at once with its own type; any other is
+    retried up to MAX_ATTEMPTS times."""
     ray = session.ray
     t0 = time.monotonic()
     remote = {}
@@ -295,7 +260,11 @@ def run_stage(
     retries = 0
     try:
         while pending:
-            done, _ = ray.wait(list(pending), num_returns=1)
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
+            if not done:
+                if on_idle is not None:
+                    on_idle()
+                continue
             ref = done[0]
             i, attempt = pending.pop(ref)
             try:
@@ -339,17 +308,29 @@ def build_record(session: Session, cpus_per_task: int, stages: Dict[str, StageRe
 _STEPS: Dict[str, Any] = {}
 
 
-def _steps(args: Dict[str, Any]) -> Any:
+# What a task checks of its node (`_check_node`): paths it must see, URLs it must reach.
+Probe = Tuple[List[str], List[str]]
+
+
+def _steps(args: Dict[str, Any], recipe: Optional[str] = None, probe: Optional[Probe] = None) -> Any:
+    """The build's steps in this process; ``recipe`` (the driver's, as JSON): no input is
+    listed or sized again; ``probe``: what this node must see first (`_check_node`)."""
     from . import _core
+
+    if probe is not None:
+        steps = _steps(args, recipe)
+        _check_node(steps.work, *probe)
+        return steps
 
     tok = str(args.get("tokenizer", ""))
     stamp = (os.stat(tok).st_size, os.stat(tok).st_mtime_ns) if os.path.isfile(tok) else None
-    key = json.dumps([args, stamp], sort_keys=True, default=str)  # a tokenizer file replaced: reload
+    digest = hashlib.sha256(recipe.encode()).hexdigest() if recipe is not None else None
+    key = json.dumps([args, stamp, digest], sort_keys=True, default=str)  # a tokenizer file replaced: reload
     steps = _STEPS.get(key)
     if steps is None:
         if len(_STEPS) >= 4:
             _STEPS.clear()
-        steps = _STEPS[key] = _core.BuildSteps(**args)
+        steps = _STEPS[key] = _core.BuildSteps(recipe=recipe, **args)
     return steps
 
 
@@ -358,13 +339,14 @@ def _task_threads() -> int:
     return max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
 
 
-def _stage1_task(args: Dict[str, Any], files: List[int], _fault: bool = False) -> List[Dict[str, int]]:
+def _stage1_task(
+    args: Dict[str, Any], recipe: str, probe: Probe, files: List[int], _fault: bool = False
+) -> List[Dict[str, int]]:
     """Tokenize ``files`` into their spills; returns a few figures per file (the summaries
     themselves stay on storage for the driver's chunk plan)."""
     if _fault:
         raise OSError(f"injected fault in stage 1, files {files} ({FAULT_ENV})")
-    steps = _steps(args)
-    _check_work(steps)
+    steps = _steps(args, recipe, probe)
     out = []
     for f, text in zip(files, steps.stage1(files, _task_threads())):
         s = json.loads(text)
@@ -372,13 +354,21 @@ def _stage1_task(args: Dict[str, Any], files: List[int], _fault: bool = False) -
     return out
 
 
-def _stage2_task(args: Dict[str, Any], first: int, last: int, _fault: bool = False) -> List[str]:
+def _regroup_task(args: Dict[str, Any], recipe: str, probe: Probe, files: List[int], _fault: bool = False) -> List[int]:
+    """Rewrite the spills of ``files`` in cell order; returns the files."""
+    if _fault:
+        raise OSError(f"injected fault in regroup, files {files} ({FAULT_ENV})")
+    _steps(args, recipe, probe).regroup(files, _task_threads())
+    return files
+
+
+def _stage2_task(
+    args: Dict[str, Any], recipe: str, probe: Probe, first: int, last: int, _fault: bool = False
+) -> List[str]:
     """Write chunks ``first..last``; returns their manifest lines (JSON)."""
     if _fault:
         raise OSError(f"injected fault in stage 2, chunks {first}-{last - 1} ({FAULT_ENV})")
-    steps = _steps(args)
-    _check_work(steps)
-    return list(steps.stage2(first, last, _task_threads()))
+    return list(_steps(args, recipe, probe).stage2(first, last, _task_threads()))
 
 
 def build(args: Dict[str, Any], options: RayOptions, progress: bool) -> Dict[str, Any]:
@@ -387,30 +377,52 @@ def build(args: Dict[str, Any], options: RayOptions, progress: bool) -> Dict[str
     from . import _core
 
     t0 = time.monotonic()
-    session = connect(options.address)
+    # The recipe (the tokenizer loaded, the inputs listed) is made while Ray loads and joins
+    # the cluster: BuildSteps releases the GIL, importing Ray mostly holds it.
+    planned: Dict[str, Any] = {}
+
+    def plan() -> None:
+        try:
+            planned["steps"] = _core.BuildSteps(**args)
+        except BaseException as e:  # raised on the driver's thread below
+            planned["error"] = e
+
+    planner = threading.Thread(target=plan, name="tokshuf-recipe")
+    planner.start()
+    try:
+        session = connect(options.address)
+    except BaseException:
+        planner.join()
+        raise
     try:
         connect_s = time.monotonic() - t0
         cpus = options.cpus_per_task or default_cpus_per_task(session.nodes)
-        inputs = [os.fspath(p) for p in args["inputs"]]
-        checks = preflight_start(session, [_existing(os.fspath(args["output"])), *inputs[:1]], cpus, args)
-        steps = _core.BuildSteps(**args)
+        if not any(n["Resources"].get("CPU", 0) >= cpus for n in session.nodes):
+            raise ConfigError(f"no Ray node has {cpus} CPUs for one task; lower threads (CPUs per task)")
+        # What every node must see (the output folder exists once `begin` ran) or reach.
+        output = os.fspath(args["output"])
+        first = [os.fspath(p) for p in args["inputs"][:1]]
+        paths = [p for p in [*first, output] if not is_url(p)]
+        urls = [u for u in first if is_url(u)] + ([f"{output.rstrip('/')}/tokshuf.json"] if is_url(output) else [])
+        planner.join()
+        if "error" in planned:
+            raise planned["error"]
+        steps = planned["steps"]
         record: Dict[str, Any] = {"engine": "ray", "nodes": len(session.nodes), "cpus": session.cpus}
         done_meta = steps.begin(json.dumps(record))
         if done_meta is not None:
             return json.loads(done_meta)
         try:
-            t = time.monotonic()
-            preflight_finish(session, checks)
-            preflight_s = time.monotonic() - t
             bar = _core.Progress(progress)
             try:
-                return _run(session, steps, args, options, cpus, bar, t0, connect_s, preflight_s)
+                return _run(session, steps, args, options, cpus, bar, t0, connect_s, (paths, urls))
             finally:
                 bar.end()  # an error's message then starts on a line of its own
         except BaseException:
             steps.release()
             raise
     finally:
+        planner.join()
         session.close()
 
 
@@ -423,10 +435,12 @@ def _run(
     bar: Any,
     t0: float,
     connect_s: float,
-    preflight_s: float,
+    probe: Probe,
 ) -> Dict[str, Any]:
     slots = max(1, session.cpus // cpus)
     stages: Dict[str, StageResult] = {}
+    # The recipe goes to the cluster once; every task gets a reference to it.
+    recipe = session.ray.put(steps.recipe_json)
 
     # Stage 1: groups of files not done by a killed run.
     sizes = steps.input_sizes()
@@ -435,7 +449,7 @@ def _run(
     target = options.task_bytes or default_task_bytes(sum(sizes[f] for f in todo), slots)
     groups = [[todo[i] for i in g] for g in group_files([sizes[f] for f in todo], target)]
     tasks = [
-        Task(task_name("stage1", i, len(groups), span(g, "files")), _stage1_task, (args, g), cpus)
+        Task(task_name("stage1", i, len(groups), span(g, "files")), _stage1_task, (args, recipe, probe, g), cpus)
         for i, g in enumerate(groups)
     ]
     bar.stage("tokenize", len(sizes), "files")
@@ -452,12 +466,33 @@ def _run(
     num_chunks = steps.plan_chunks(min(cpus, os.cpu_count() or 1), json.dumps(_partial(session, cpus, stages, t0)))
     plan_s = time.monotonic() - t
 
+    # Shuffled builds: every spill (the stitched tails' too) rewritten in cell order, in the
+    # same groups as stage 1 (a file's spill is about as large as the file).
+    nspills, regroup = steps.spills()
+    if regroup:
+        spill_sizes = [*sizes, 0][:nspills]
+        groups = group_files(spill_sizes, options.task_bytes or default_task_bytes(sum(spill_sizes), slots))
+        tasks = [
+            Task(task_name("regroup", i, len(groups), span(g, "files")), _regroup_task, (args, recipe, probe, g), cpus)
+            for i, g in enumerate(groups)
+        ]
+        bar.stage("regroup", nspills, "spills")
+        stages["regroup"] = run_stage(
+            session, "regroup", tasks, lambda i, files: bar.advance(len(files), sum(spill_sizes[f] for f in files))
+        )
+        bar.end()
+
     # Stage 2: ranges of chunks a killed run did not list.
     listed = steps.listed
     per = options.chunks_per_task or default_chunks_per_task(num_chunks - listed, slots)
     ranges = [(listed + a, listed + b) for a, b in group_chunks(num_chunks - listed, per)]
     tasks = [
-        Task(task_name("stage2", i, len(ranges), span([a, b - 1], "chunks")), _stage2_task, (args, a, b), cpus)
+        Task(
+            task_name("stage2", i, len(ranges), span([a, b - 1], "chunks")),
+            _stage2_task,
+            (args, recipe, probe, a, b),
+            cpus,
+        )
         for i, (a, b) in enumerate(ranges)
     ]
     bar.stage("write", num_chunks, "chunks")
@@ -468,15 +503,15 @@ def _run(
         parsed = [json.loads(line) for line in lines]
         bar.advance(len(lines), sum(p["bytes"] for p in parsed), sum(p["num_tokens"] for p in parsed))
 
-    stages["write"] = run_stage(session, "stage2", tasks, on_stage2)
+    stages["write"] = run_stage(session, "stage2", tasks, on_stage2, steps.upload_manifest)
     bar.end()
 
     record = build_record(session, cpus, stages, t0)
     record["durations"] = {
         "connect_s": connect_s,
-        "preflight_s": preflight_s,
         "tokenize_s": stages["tokenize"].seconds,
         "plan_s": plan_s,
+        "regroup_s": stages["regroup"].seconds if "regroup" in stages else 0.0,
         "write_s": stages["write"].seconds,
     }
     record["threads"] = session.cpus

@@ -24,6 +24,7 @@ import json
 import os
 import re
 import stat
+import tempfile
 import warnings
 import zlib
 from dataclasses import dataclass, field
@@ -32,7 +33,8 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
-from .exceptions import CacheCorruptError
+from ._inputs import URL_SCHEMES
+from .exceptions import CacheCorruptError, ConfigError
 
 TAR_BLOCK = 512
 SHARD_RE = re.compile(r"shard_[0-9]{8}")
@@ -106,7 +108,8 @@ class VerifyReport:
 
 
 def verify(path: Union[str, os.PathLike[str]], full: bool = False) -> VerifyReport:
-    """Check the cache at ``path`` against the format (docs/bad-input.md says what is checked).
+    """Check the cache at ``path`` (a folder, or an object-store URL) against the format
+    (docs/bad-input.md says what is checked).
 
     Args:
         path: the cache folder.
@@ -116,7 +119,10 @@ def verify(path: Union[str, os.PathLike[str]], full: bool = False) -> VerifyRepo
         A :class:`VerifyReport`: problems are reported, not raised; call
         ``report.raise_if_bad()`` to turn them into a :class:`tokshuf.CacheCorruptError`.
     """
-    root = Path(os.fspath(path))
+    text = os.fspath(path)
+    if isinstance(text, str) and text.startswith(URL_SCHEMES):
+        return _verify_remote(text.rstrip("/"), full)
+    root = Path(text)
     report = VerifyReport(path=str(root), full=full)
     if not root.is_dir():
         report.problem(f"{root}: not a folder")
@@ -134,6 +140,49 @@ def verify(path: Union[str, os.PathLike[str]], full: bool = False) -> VerifyRepo
     header: Dict[str, bytes] = {}
     for k, line in enumerate(manifest):
         _check_shard(root, meta, k, line, full, header, report)
+    return report
+
+
+def _verify_remote(url: str, full: bool) -> VerifyReport:
+    """A cache in an object store, with the same checks: tokshuf.json and manifest.jsonl are
+    fetched into a temporary folder, then each shard in turn, checked there and removed, so at
+    most one shard is on local disk. (The store's own transfer is checked by the storage layer;
+    what is checked here is what the store holds.)"""
+    from . import _core
+
+    report = VerifyReport(path=url, full=full)
+    listed = {u[len(url) + 1 :]: size for u, size in _core._storage_list(url + "/")}
+    with tempfile.TemporaryDirectory(prefix="tokshuf-verify-") as tmp:
+        root = Path(tmp)
+
+        def fetch(name: str) -> None:
+            if name in listed:
+                (root / name).write_bytes(_core._storage_read(f"{url}/{name}"))
+
+        fetch("tokshuf.json")
+        fetch("manifest.jsonl")
+        meta = _check_metadata(root, report)
+        if meta is None:
+            return report
+        if meta.get("packing") == "none":
+            raise ConfigError(
+                f"{url}: verifying an unpacked (packing='none') cache in a store is not supported; verify a local copy"
+            )
+        manifest = _check_manifest(root, meta, report)
+        if manifest is None:
+            return report
+        known = {"tokshuf.json", "manifest.jsonl"} | {m["shard"] + ".tar" for m in manifest}
+        _warn_extra(sorted({n.split("/", 1)[0] for n in listed} - known), report)
+        header: Dict[str, bytes] = {}
+        for k, line in enumerate(manifest):
+            name = f"{line['shard']}.tar"
+            if "bytes" not in line or listed.get(name) == line["bytes"]:
+                fetch(name)  # a wrong size is reported without downloading the shard
+            elif name in listed:
+                report.problem(f"{name}: {listed[name]} bytes, manifest says {line['bytes']}")
+                continue
+            _check_shard(root, meta, k, line, full, header, report)
+            (root / name).unlink(missing_ok=True)
     return report
 
 
@@ -300,7 +349,10 @@ def _check_folder(
     known = {"tokshuf.json", "manifest.jsonl"} | {m["shard"] + ".tar" for m in manifest}
     if sidecars:
         known = (known - {"tokshuf.json"}) | {m["shard"] + ".idx" for m in manifest}
-    extra = sorted(n for n in os.listdir(root) if n not in known)
+    _warn_extra(sorted(n for n in os.listdir(root) if n not in known), report, where)
+
+
+def _warn_extra(extra: List[str], report: VerifyReport, where: str = "") -> None:
     if extra:
         shown = ", ".join(extra[:5]) + (", ..." if len(extra) > 5 else "")
         report.warnings.append(

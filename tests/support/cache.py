@@ -9,7 +9,7 @@ import io
 import json
 import tarfile
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Any, Dict, List, Sequence
 
 import numpy as np
 
@@ -115,4 +115,27 @@ def assert_same_cache(got: Path, want: Path) -> None:
     assert sorted(a) == sorted(b), "file sets differ (leftover temporary or missing files)"
     for name in a:
         assert a[name] == b[name], f"{name} differs"
-    assert not list(Path(got).rglob("*.tmp")) and not (Path(got) / ".tokshuf-work").exists()
+    assert not list(Path(got).rglob("*.tmp*")) and not (Path(got) / ".tokshuf-work").exists()
+
+
+def same_except_input_names(a: Path, b: Path) -> None:
+    """Two local caches: identical shards and manifest; tokshuf.json equal but for the input
+    names (and the run's own ``build`` figures)."""
+    names = sorted(p.name for p in a.iterdir() if p.is_file())
+    assert names == sorted(p.name for p in b.iterdir() if p.is_file())
+    for n in names:
+        if n != "tokshuf.json":
+            assert (a / n).read_bytes() == (b / n).read_bytes(), n
+    ma, mb = (json.loads((d / "tokshuf.json").read_text()) for d in (a, b))
+    assert strip_names(ma) == strip_names(mb)
+
+
+def strip_names(meta: Any) -> Any:
+    """tokshuf.json without ``build`` and with input paths cut to their file names."""
+    if isinstance(meta, dict):
+        return {k: strip_names(v) for k, v in meta.items() if k != "build"}
+    if isinstance(meta, list):
+        return [strip_names(v) for v in meta]
+    if isinstance(meta, str) and ("/" in meta) and meta.endswith((".jsonl", ".gz", ".zst")):
+        return meta.rsplit("/", 1)[1]
+    return meta

@@ -66,3 +66,17 @@ def three_files(root: Path) -> List[Path]:
 def parts(root: Path, n: int, docs: int, step: int, seed: int, name: str = "part") -> List[Path]:
     """`n` plain files `{name}{i}.jsonl` of `docs + step * i` documents (seeds `seed + i`)."""
     return [write_jsonl(root / f"{name}{i}.jsonl", make_docs(docs + step * i, seed + i)) for i in range(n)]
+
+
+def multi_member_inputs(root: Path) -> List[Path]:
+    """The three small files plus a multi-member gzip and a multi-frame zstd file."""
+    import zstandard
+
+    files = three_files(root)
+    docs = [make_docs(30, s) for s in (11, 12, 13)]
+    lines = [("".join(json.dumps({"text": d}) + "\n" for d in part)).encode() for part in docs]
+    gz = root / "d.jsonl.gz"
+    gz.write_bytes(b"".join(gzip.compress(x, mtime=0) for x in lines))
+    zst = root / "e.jsonl.zst"
+    zst.write_bytes(b"".join(zstandard.ZstdCompressor().compress(x) for x in lines))
+    return sorted([*files, gz, zst])

@@ -11,10 +11,11 @@ loudly if any node ends up elsewhere.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List
+from typing import Any, Callable, Dict, Iterator, List
 
 LOOPBACK = "127.0.0.1"
 
@@ -31,6 +32,10 @@ import pytest  # noqa: E402
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
+
+# The holder actor below travels by value: worker processes cannot import the test support.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 # Small nodes: the machine running the tests has two cores shared with other work.
 NODE_ARGS: Dict[str, Any] = {
@@ -70,6 +75,39 @@ class LocalCluster:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the cluster still lists removed node {node.node_id} as alive")
             time.sleep(0.1)
+
+    @contextmanager
+    def only_on(self, node: Any) -> Iterator[Callable[[], None]]:
+        """Tasks can start only on ``node`` while this holds: every CPU of every other node is
+        taken by an idle actor pinned there. Yields a function that frees them (also done on
+        exit). A test that needs a task on a given node gets it this way, whatever Ray's
+        scheduler would otherwise prefer."""
+        holders = [
+            _Holder.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=n["NodeID"], soft=False)
+            ).remote()
+            for n in self.alive_nodes()
+            if n["NodeID"] != node.node_id
+            for _ in range(int(n["Resources"].get("CPU", 0)))
+        ]
+        ray.get([h.ready.remote() for h in holders], timeout=120)
+
+        def free() -> None:
+            while holders:
+                ray.kill(holders.pop())
+
+        try:
+            yield free
+        finally:
+            free()
+
+
+@ray.remote(num_cpus=1)
+class _Holder:
+    """Holds one CPU of its node for as long as it lives."""
+
+    def ready(self) -> bool:
+        return True
 
 
 def check_loopback() -> None:

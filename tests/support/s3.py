@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 from dataclasses import dataclass
-from typing import Any, Iterator, List, Tuple
+from typing import Any, Callable, Iterator, List, Tuple
 
 import pytest
 
@@ -95,14 +96,37 @@ class S3:
 @contextlib.contextmanager
 def bucket(server: Tuple[str, int], monkeypatch: pytest.MonkeyPatch) -> Iterator[S3]:
     """A fresh bucket on ``server``, the test's AWS environment, and the proxy in front."""
+    with _bucket(server, monkeypatch.setenv, lambda k: monkeypatch.delenv(k, raising=False)) as b:
+        yield b
+
+
+@contextlib.contextmanager
+def shared_bucket(server: Tuple[str, int]) -> Iterator[S3]:
+    """``bucket`` for a whole module: the environment is set in ``os.environ`` itself (so that
+    processes started meanwhile, such as Ray's nodes, inherit it) and restored after."""
+    saved = dict(os.environ)
+
+    def setenv(k: str, v: str) -> None:
+        os.environ[k] = v
+
+    try:
+        with _bucket(server, setenv, lambda k: os.environ.pop(k, None)) as b:
+            yield b
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@contextlib.contextmanager
+def _bucket(server: Tuple[str, int], setenv: Callable[[str, str], None], delenv: Callable[[str], None]) -> Iterator[S3]:
     import boto3
 
     host, port = server
     direct = f"http://{host}:{port}"
     for k, v in TEST_ENV.items():
-        monkeypatch.setenv(k, v)
+        setenv(k, v)
     for k in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL_S3"):
-        monkeypatch.delenv(k, raising=False)
+        delenv(k)
     client = boto3.client(
         "s3",
         endpoint_url=direct,
@@ -113,7 +137,7 @@ def bucket(server: Tuple[str, int], monkeypatch: pytest.MonkeyPatch) -> Iterator
     name = f"tokshuf-test-{next(_buckets)}"
     client.create_bucket(Bucket=name)
     with FaultProxy((host, port)) as proxy:
-        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        setenv("AWS_ENDPOINT_URL", proxy.endpoint)
         yield S3(bucket=name, client=client, proxy=proxy, direct=direct)
 
 

@@ -61,11 +61,13 @@ impl PyCache {
         let url = path.to_str().filter(|s| tokshuf_core::storage::Location::is_url(s)).map(str::to_string);
         let inner = run_detached(py, move |cancel| {
             if let Some(url) = url {
-                if follow {
-                    return Err(tokshuf_core::Error::Config(format!("{url}: follow mode on a remote cache is not supported yet")));
-                }
                 let dir = cache_dir.unwrap_or_else(|| std::env::temp_dir().join("tokshuf-remote-cache"));
-                tokshuf_core::read::remote::open_remote(&url, &dir, cache_limit.unwrap_or(u64::MAX), downloads)
+                let limit = cache_limit.unwrap_or(u64::MAX);
+                if follow {
+                    tokshuf_core::read::remote::open_remote_follow(&url, &dir, limit, downloads, timeout, &cancel)
+                } else {
+                    tokshuf_core::read::remote::open_remote(&url, &dir, limit, downloads)
+                }
             } else if follow {
                 tokshuf_core::read::follow::open(&path, check_files, timeout, &cancel)
             } else {

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use tokshuf_core::build::driver::{Begun, Driver, Steps};
+use tokshuf_core::build::driver::{Begun, Driver, Shipped, Steps};
 use tokshuf_core::format::ManifestLine;
 use tokshuf_core::Error;
 
@@ -30,24 +30,43 @@ fn no_driver() -> PyErr {
 #[pymethods]
 impl BuildSteps {
     /// The options of `build_cache`, as keyword arguments; loads the tokenizer (once per
-    /// process) and sizes the inputs, nothing else.
+    /// process) and lists and sizes the inputs, nothing else. `recipe`: the driver's
+    /// (`recipe_json`), so a task does not list the inputs again.
     #[new]
-    #[pyo3(signature = (**options))]
-    fn new(py: Python<'_>, options: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+    #[pyo3(signature = (recipe=None, **options))]
+    fn new(py: Python<'_>, recipe: Option<&str>, options: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
         let opts = options::build_options(options)?;
-        let inner = run_detached(py, move |_| Steps::open(opts))?;
+        let recipe: Option<Shipped> =
+            recipe.map(|r| serde_json::from_str(r).map_err(|e| to_pyerr(Error::Config(format!("bad recipe: {e}"))))).transpose()?;
+        let inner = run_detached(py, move |_| Steps::open(opts, recipe))?;
         Ok(BuildSteps { inner: Arc::new(inner), driver: Mutex::new(None) })
     }
 
+    /// Load the tokenizer of these options into this process for the tasks to come; its
+    /// (sha256, backend).
+    #[staticmethod]
+    #[pyo3(signature = (**options))]
+    fn warm(py: Python<'_>, options: Option<&Bound<'_, PyDict>>) -> PyResult<(String, String)> {
+        let opts = options::build_options(options)?;
+        run_detached(py, move |_| tokshuf_core::build::driver::warm(&opts))
+    }
+
+    /// The work folder: a path, or a URL for an output in an object store.
     #[getter]
     fn work(&self) -> String {
-        self.inner.work().to_string_lossy().into_owned()
+        self.inner.work()
+    }
+    /// The recipe as JSON, for `BuildSteps(recipe=...)` on other machines.
+    #[getter]
+    fn recipe_json(&self) -> String {
+        serde_json::to_string(&self.inner.shipped()).unwrap_or_default()
     }
     fn input_sizes(&self) -> Vec<u64> {
         self.inner.input_sizes()
     }
-    fn files_done(&self) -> Vec<usize> {
-        self.inner.files_done()
+    fn files_done(&self, py: Python<'_>) -> PyResult<Vec<usize>> {
+        let steps = self.inner.clone();
+        run_detached(py, move |_| steps.files_done())
     }
 
     /// Driver: lock, start or resume. Returns tokshuf.json if the cache is already complete,
@@ -58,7 +77,7 @@ impl BuildSteps {
         match run_detached(py, move |_| steps.begin(&build))? {
             Begun::Complete(meta) => Ok(Some(String::from_utf8_lossy(&meta.to_bytes()).into_owned())),
             Begun::Started(driver) => {
-                *self.driver.lock().map_err(|_| no_driver())? = Some(driver);
+                *self.driver.lock().map_err(|_| no_driver())? = Some(*driver);
                 Ok(None)
             }
         }
@@ -83,6 +102,18 @@ impl BuildSteps {
         run_detached(py, move |_| steps.plan_chunks(threads, &build))
     }
 
+    /// Spills of the planned build, and whether they are regrouped before stage 2.
+    fn spills(&self, py: Python<'_>) -> PyResult<(usize, bool)> {
+        let steps = self.inner.clone();
+        run_detached(py, move |_| steps.spills())
+    }
+
+    /// Rewrite the spills of `files` in cell order (shuffled builds), `threads` at once.
+    fn regroup(&self, py: Python<'_>, files: Vec<usize>, threads: usize) -> PyResult<()> {
+        let steps = self.inner.clone();
+        run_detached(py, move |cancel| steps.regroup(&files, threads, &cancel))
+    }
+
     /// Write chunks `first..last`; their manifest lines as JSON strings.
     fn stage2(&self, py: Python<'_>, first: u64, last: u64, threads: usize) -> PyResult<Vec<String>> {
         let steps = self.inner.clone();
@@ -90,15 +121,24 @@ impl BuildSteps {
         Ok(lines.iter().map(|l| serde_json::to_string(l).unwrap_or_default()).collect())
     }
 
-    /// Driver: list chunks `first, first+1, ...` in the manifest.
-    fn add_lines(&self, first: u64, lines: Vec<String>) -> PyResult<()> {
+    /// Driver: list chunks `first, first+1, ...` in the manifest (written with the GIL
+    /// released: in an object store that is an upload).
+    fn add_lines(&self, py: Python<'_>, first: u64, lines: Vec<String>) -> PyResult<()> {
         let lines: Vec<ManifestLine> = lines
             .iter()
             .map(|l| serde_json::from_str(l).map_err(|e| to_pyerr(Error::Config(format!("bad manifest line: {e}")))))
             .collect::<PyResult<_>>()?;
         let mut guard = self.driver.lock().map_err(|_| no_driver())?;
         let driver = guard.as_mut().ok_or_else(no_driver)?;
-        self.inner.add_lines(driver, first, lines).map_err(to_pyerr)
+        py.detach(|| self.inner.add_lines(driver, first, lines)).map_err(to_pyerr)
+    }
+
+    /// Driver: bring a store's manifest up to date (at most once a second, unless `now`).
+    #[pyo3(signature = (now=false))]
+    fn upload_manifest(&self, py: Python<'_>, now: bool) -> PyResult<()> {
+        let mut guard = self.driver.lock().map_err(|_| no_driver())?;
+        let driver = guard.as_mut().ok_or_else(no_driver)?;
+        py.detach(|| self.inner.upload_manifest(driver, now)).map_err(to_pyerr)
     }
 
     /// Driver: final manifest and tokshuf.json (with `build`); returns tokshuf.json.

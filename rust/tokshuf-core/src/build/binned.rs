@@ -51,16 +51,18 @@ pub fn write_chunks(
     }
     let out = format::bin_dir(&job.out, k);
     std::fs::create_dir_all(&out).map_err(|e| Error::io(&out, e))?;
+    // Temporary files of a killed run (each writer has its own name, so none is reused).
+    for entry in std::fs::read_dir(&out).map_err(|e| Error::io(&out, e))?.flatten() {
+        if entry.file_name().to_str().is_some_and(format::is_tmp) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
     let bound = job.recipe.bins.as_ref().and_then(|b| b.get(k)).copied().unwrap_or(job.recipe.seqlen);
     let spec = ShardSpec {
-        out,
-        format: job.recipe.format,
-        dtype: job.recipe.dtype,
         seqlen: bound as u64,
         block_size: None,
         zstd_level: None,
-        cancel: cancel.clone(),
-        times: Arc::default(),
+        ..ShardSpec::new(&job.recipe, out, cancel.clone(), Arc::default())
     };
     let ids = plan.ids(job.recipe.seed, chunks.clone(), pool);
     let spills = BinSpills::open(&job.work, plan.counts.len(), k, job.recipe.dtype.size() as u64);

@@ -1,30 +1,48 @@
 //! The build's steps (`steps`) driven from outside, one call at a time: what an engine that runs
 //! them on other machines (the Ray engine, `python/tokshuf/_ray.py`) needs around them.
 //!
+//! The output and the work folder are `Place`s: folders on storage every node mounts at the
+//! same path, or (for an output in an object store) prefixes in the store, `OUTPUT/.tokshuf-work`
+//! for the work; then every step produces its files in a local scratch folder
+//! (`local_cell_dir`, else the system's temporary folder) and uploads them as whole objects.
+//!
 //! The driver calls `begin` (build lock, start / resume / complete, first tokshuf.json, the
 //! manifest prefix of a killed run), `plan_chunks` once every file's stage 1 is done (stitch,
 //! chunk plan saved as `chunks.json` in the work folder, tokshuf.json "writing"), `add_lines`
-//! as chunks are written, and `finish`. Tasks on any node call `stage1` and `stage2`, which
-//! read everything they need from the shared work folder. Every output is the one-machine
-//! builder's (`build::build`): the same steps, the same bytes.
+//! as chunks are written, and `finish`. Tasks on any node call `stage1` (input files to
+//! spills), then for a shuffled build `regroup` (spills to cell order, `cell_spills`) and
+//! `stage2` (chunk ranges to shards), reading what they need from the work folder. Every
+//! output is the one-machine builder's (`build::build`): the same bytes.
 
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufReader, Read};
 use std::ops::Range;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::budget::Stage2Budget;
-use super::manifest::Manifest;
+use super::cell_spills::{self, cells_name};
+use super::cells::unpack;
+use super::manifest::{manifest_text, Manifest};
+use super::place::Place;
 use super::plan::{self, ChunkPlan};
 use super::resume::{self, Start};
-use super::stage1::Stage1Config;
-use super::steps::{self, Job, Stage2Io};
+use super::shard::{write_shard, ShardSpec};
+use super::stage1::{spill_name, summary_name, Stage1Config};
+use super::steps::{self, Job};
 use super::BuildOptions;
 use crate::error::{Error, Result};
-use crate::format::{self, lock::BuildLock, FileSummary, ManifestLine, Metadata, Status, Totals, META_NAME};
+use crate::format::{
+    self, lock::BuildLock, FileSummary, ManifestLine, Metadata, Recipe, Status, Tail, Totals, LOCK_NAME, MANIFEST_NAME, META_NAME,
+    WORK_NAME,
+};
+use crate::storage::lease::Lease;
 use crate::testhook;
 use crate::tokenize::Tokenizer;
 
@@ -33,13 +51,26 @@ const CHUNK_PLAN: &str = "chunks.json";
 /// One build, as every process that runs a step of it sees it.
 pub struct Steps {
     opts: BuildOptions,
-    job: Job,
+    recipe: Recipe,
+    /// The folder the recipe's local input paths are relative to (`steps::Job::input_root`).
+    input_root: Option<PathBuf>,
     cfg: Arc<Stage1Config>,
+    out: Place,
+    work: Place,
+}
+
+/// The recipe as the driver made it, sent to every task so that none lists the inputs again.
+#[derive(Serialize, Deserialize)]
+pub struct Shipped {
+    pub recipe: Recipe,
+    pub input_root: Option<PathBuf>,
 }
 
 /// The driver's state between `begin` and `finish`.
 pub struct Driver {
+    /// The build lock of a folder output, the lease of an output in a store.
     lock: Option<BuildLock>,
+    lease: Option<Lease>,
     manifest: Manifest,
     /// Chunks a killed run listed (their shards are in place): no task needs to write them.
     pub listed: u64,
@@ -47,14 +78,17 @@ pub struct Driver {
 
 pub enum Begun {
     Complete(Box<Metadata>),
-    Started(Driver),
+    Started(Box<Driver>),
 }
 
-/// What stage 2 needs besides the summaries, written once by the driver.
+/// What the steps after stage 1 need, written once by the driver.
 #[derive(Serialize, Deserialize)]
 struct Planned {
     plan: ChunkPlan,
     totals: Totals,
+    /// Each file's padded contexts (position, padding ids), for the manifest's `num_tokens`:
+    /// so stage 2 reads no summary.
+    padded: Vec<Vec<(u64, u32)>>,
 }
 
 /// The tokenizer of `opts`, loaded once per process: a worker runs many tasks of one build, and
@@ -77,6 +111,13 @@ fn load_tokenizer(opts: &BuildOptions) -> Result<Tokenizer> {
     Ok(tok)
 }
 
+/// Load `opts`' tokenizer into this process (a worker warming up before its first task);
+/// its identity (sha256, backend), to compare with the driver's.
+pub fn warm(opts: &BuildOptions) -> Result<(String, String)> {
+    let tok = load_tokenizer(opts)?;
+    Ok((tok.sha256.clone(), tok.backend.to_string()))
+}
+
 fn pool(threads: usize) -> Result<rayon::ThreadPool> {
     let threads = threads.max(1);
     rayon::ThreadPoolBuilder::new()
@@ -86,9 +127,18 @@ fn pool(threads: usize) -> Result<rayon::ThreadPool> {
         .map_err(|e| Error::Config(format!("cannot start {threads} threads: {e}")))
 }
 
+fn check_cancel(cancel: &AtomicBool) -> Result<()> {
+    if cancel.load(Ordering::Relaxed) {
+        return Err(Error::Interrupted);
+    }
+    Ok(())
+}
+
 impl Steps {
-    /// Load the tokenizer (once per process) and make the recipe; no side effect.
-    pub fn open(opts: BuildOptions) -> Result<Steps> {
+    /// Load the tokenizer (once per process) and take the build's recipe: `recipe` as the driver
+    /// made it (a task: no input file is listed or sized again), else made from `opts`. No
+    /// side effect.
+    pub fn open(opts: BuildOptions, shipped: Option<Shipped>) -> Result<Steps> {
         opts.validate()?;
         if opts.packing.is_unpacked() {
             // Its steps differ after stage 1 (one chunk plan and manifest per bin).
@@ -97,101 +147,373 @@ impl Steps {
             ));
         }
         let tok = load_tokenizer(&opts)?;
-        let job = steps::job(&opts, &tok)?;
-        let cfg = steps::stage1_config(&job.recipe, &tok);
-        Ok(Steps { opts, job, cfg })
+        let Shipped { recipe, input_root } = match shipped {
+            Some(Shipped { recipe: r, .. }) if r.tokshuf_version != format::VERSION => {
+                return Err(Error::Config(format!(
+                    "this machine runs tokshuf {}, the driver {}: install the same version on every node",
+                    format::VERSION,
+                    r.tokshuf_version
+                )))
+            }
+            Some(Shipped { recipe: r, .. }) if r.tokenizer.sha256 != tok.sha256 || r.tokenizer.backend != tok.backend => {
+                return Err(Error::Config(format!(
+                    "{}: this machine's tokenizer is not the driver's ({} {}, here {} {}); every node needs the same tokenizer file",
+                    tok.spec, r.tokenizer.backend, r.tokenizer.sha256, tok.backend, tok.sha256
+                )))
+            }
+            Some(s) => s,
+            None => {
+                let (recipe, input_root) = plan::recipe(&opts, &tok)?;
+                Shipped { recipe, input_root }
+            }
+        };
+        let scratch = opts.local_cell_dir.clone().unwrap_or_else(std::env::temp_dir);
+        let out = Place::new(&opts.output, &scratch)?;
+        let work = match &out {
+            Place::Dir(p) => Place::Dir(resume::work_dir(p, opts.local_cell_dir.as_deref())?),
+            Place::Store { .. } => out.child(WORK_NAME),
+        };
+        let cfg = steps::stage1_config(&recipe, &tok);
+        Ok(Steps { opts, recipe, input_root, cfg, out, work })
     }
 
-    pub fn work(&self) -> &Path {
-        &self.job.work
+    /// The work folder (a path or a URL).
+    pub fn work(&self) -> String {
+        self.work.to_string()
+    }
+    pub fn recipe(&self) -> &Recipe {
+        &self.recipe
     }
     pub fn input_sizes(&self) -> Vec<u64> {
-        self.job.recipe.inputs.iter().map(|f| f.bytes).collect()
-    }
-    /// Input files whose stage 1 a killed run finished.
-    pub fn files_done(&self) -> Vec<usize> {
-        (0..self.job.recipe.inputs.len()).filter(|&f| steps::summary(&self.job, f).ok().flatten().is_some()).collect()
-    }
-    fn summaries(&self) -> Result<Vec<FileSummary>> {
-        let n = self.job.recipe.inputs.len() + self.job.recipe.stitches_tails() as usize;
-        (0..n).map(|f| steps::summary(&self.job, f)?.ok_or_else(|| Error::Config(format!("stage 1 left file {f} unfinished")))).collect()
-    }
-    fn plan_path(&self) -> PathBuf {
-        self.job.work.join(CHUNK_PLAN)
+        self.recipe.inputs.iter().map(|f| f.bytes).collect()
     }
 
-    /// Driver: take the build lock and decide start / resume / complete as `build::build` does.
+    /// What `BuildSteps(recipe=...)` on another machine needs: the recipe and its input root.
+    pub fn shipped(&self) -> Shipped {
+        Shipped { recipe: self.recipe.clone(), input_root: self.input_root.clone() }
+    }
+
+    /// Where the input files are on this machine.
+    fn inputs(&self) -> Vec<PathBuf> {
+        steps::input_paths(&self.recipe, self.input_root.as_deref())
+    }
+
+    /// A job whose work folder is `work` (the shared one, or a step's own scratch folder).
+    fn job(&self, work: &Path) -> Job {
+        let out = self.out.dir().map_or_else(|| work.to_path_buf(), Path::to_path_buf);
+        Job { recipe: self.recipe.clone(), out, work: work.to_path_buf(), input_root: self.input_root.clone() }
+    }
+
+    /// Input files whose stage 1 a killed run finished.
+    pub fn files_done(&self) -> Result<Vec<usize>> {
+        let names = self.work.names()?;
+        Ok((0..self.recipe.inputs.len()).filter(|&f| names.binary_search(&summary_name(f)).is_ok()).collect())
+    }
+
+    fn summary(&self, file: usize) -> Result<Option<FileSummary>> {
+        self.work.read_json(&summary_name(file))
+    }
+
+    fn planned(&self) -> Result<Planned> {
+        self.work.read_json(CHUNK_PLAN)?.ok_or_else(|| Error::Config(format!("{}: no chunk plan yet (please report)", self.work)))
+    }
+
+    fn write_meta(&self, meta: &Metadata) -> Result<()> {
+        self.out.write(META_NAME, &meta.to_bytes(), &format!("tokshuf.json[{}]", meta.status.as_str()))
+    }
+
+    /// Publish a file a step produced in its scratch folder `dir` into the work folder.
+    fn publish_work(&self, dir: &Path, name: &str) -> Result<()> {
+        self.work.publish(&dir.join(name), name)
+    }
+
+    /// Driver: take the build lock (a folder output) and decide start / resume / complete as
+    /// `build::build` does.
     pub fn begin(&self, build: &Value) -> Result<Begun> {
         testhook::init();
-        let out = &self.job.out;
-        let lock = BuildLock::acquire(out)?;
-        let start = match resume::prepare(&self.job, self.opts.overwrite) {
+        let lock = self.out.dir().map(BuildLock::acquire).transpose()?;
+        let lease = match &self.out {
+            Place::Store { .. } => Some(Lease::take(self.out.location(LOCK_NAME), &self.out.to_string())?),
+            Place::Dir(_) => None,
+        };
+        // A build refused, or found complete, leaves the output as it was (less its lock).
+        let leave = |lock: Option<BuildLock>, lease: Option<Lease>| -> Result<()> {
+            if let Some(lock) = lock {
+                lock.remove()?;
+            }
+            lease.map_or(Ok(()), Lease::release)
+        };
+        let start = match resume::prepare(&self.out, &self.work, &self.recipe, &self.inputs(), self.opts.overwrite) {
             Ok(s) => s,
             Err(e) => {
-                if lock.created {
-                    let _ = lock.remove();
-                }
+                let _ = leave(lock.filter(|l| l.created), lease);
                 return Err(e);
             }
         };
         if let Start::Complete(meta) = start {
-            lock.remove()?;
+            leave(lock, lease)?;
             return Ok(Begun::Complete(meta));
         }
-        resume::init_work(&self.job)?;
-        if !out.join(META_NAME).exists() {
-            let shuffle = self.job.recipe.shuffle;
-            let mut m = Metadata::new(&self.job.recipe, if shuffle { Status::Building } else { Status::Streaming }, build.clone());
+        resume::init_work(&self.work, &self.recipe, &self.inputs())?;
+        if self.out.size(META_NAME)?.is_none() {
+            let shuffle = self.recipe.shuffle;
+            let mut m = Metadata::new(&self.recipe, if shuffle { Status::Building } else { Status::Streaming }, build.clone());
             if !shuffle {
                 m.num_chunks_ready = Some(0);
             }
-            steps::write_metadata(out, &m)?;
+            self.write_meta(&m)?;
         }
         testhook::point("start");
-        let manifest = Manifest::open(out, matches!(start, Start::Fresh))?;
+        let manifest = Manifest::open(&self.out, matches!(start, Start::Fresh))?;
         let listed = manifest.lines.len() as u64;
-        Ok(Begun::Started(Driver { lock: Some(lock), manifest, listed }))
+        Ok(Begun::Started(Box::new(Driver { lock, lease, manifest, listed })))
     }
 
     /// Any node: stage 1 of `files` (those a killed run finished are skipped) on `threads`
     /// threads; their summaries, in the order given.
     pub fn stage1(&self, files: &[usize], threads: usize, cancel: &Arc<AtomicBool>) -> Result<Vec<FileSummary>> {
         testhook::init();
-        steps::stage1_files(&self.job, &self.cfg, files, &Arc::new(pool(threads)?), cancel, |_, _| {})
+        let pool = Arc::new(pool(threads)?);
+        match &self.work {
+            Place::Dir(work) => steps::stage1_files(&self.job(work), &self.cfg, files, &pool, cancel, |_, _| Ok(())),
+            Place::Store { .. } => {
+                // Spill and summary are made locally, then uploaded: the summary last, as the
+                // mark that the file is done.
+                let mut done = HashMap::new();
+                for &f in files {
+                    if let Some(s) = self.summary(f)? {
+                        done.insert(f, s);
+                    }
+                }
+                let todo: Vec<usize> = files.iter().copied().filter(|f| !done.contains_key(f)).collect();
+                let scratch = self.work.scratch_dir()?;
+                let dir = scratch.path();
+                let fresh = steps::stage1_files(&self.job(dir), &self.cfg, &todo, &pool, cancel, |f, _| {
+                    self.publish_work(dir, &spill_name(f))?;
+                    self.publish_work(dir, &summary_name(f))
+                })?;
+                done.extend(todo.into_iter().zip(fresh));
+                files.iter().map(|f| done.remove(f).ok_or_else(|| Error::Config(format!("stage 1 left file {f} unfinished")))).collect()
+            }
+        }
     }
 
     /// Driver, once every file's stage 1 is done: stitch the tails, plan the chunks, publish
     /// the plan (tokshuf.json "writing"). Returns the number of chunks.
     pub fn plan_chunks(&self, threads: usize, build: &Value) -> Result<u64> {
-        let n = self.job.recipe.inputs.len();
+        let n = self.recipe.inputs.len();
         let mut summaries: Vec<FileSummary> = (0..n)
-            .map(|f| steps::summary(&self.job, f)?.ok_or_else(|| Error::Config(format!("stage 1 left file {f} unfinished"))))
+            .map(|f| self.summary(f)?.ok_or_else(|| Error::Config(format!("stage 1 left file {f} unfinished"))))
             .collect::<Result<_>>()?;
-        if let Some(s) = steps::stitch(&self.job, &self.cfg, &summaries)? {
-            summaries.push(s);
+        if self.recipe.tail == Tail::Stitch {
+            let stitched = match (self.summary(n)?, &self.work) {
+                (Some(s), _) => Some(s),
+                (None, Place::Dir(work)) => steps::stitch(&self.job(work), &self.cfg, &summaries)?,
+                (None, Place::Store { .. }) => {
+                    let scratch = self.work.scratch_dir()?;
+                    let s = steps::stitch(&self.job(scratch.path()), &self.cfg, &summaries)?;
+                    self.publish_work(scratch.path(), &spill_name(n))?;
+                    self.publish_work(scratch.path(), &summary_name(n))?;
+                    s
+                }
+            };
+            summaries.extend(stitched);
         }
-        let plan = ChunkPlan::new(&self.job.recipe, &summaries, self.opts.num_local_cells, &pool(threads)?)?;
-        let totals = plan::totals(&summaries, &self.job.recipe, plan.cells);
-        let planned = Planned { plan, totals };
-        format::write_atomic(&self.plan_path(), &format::to_json_bytes(&planned))?;
-        steps::write_metadata(&self.job.out, &steps::planned_metadata(&self.job, &planned.plan, planned.totals.clone(), build.clone()))?;
+        let plan = ChunkPlan::new(&self.recipe, &summaries, self.opts.num_local_cells, &pool(threads)?)?;
+        let totals = plan::totals(&summaries, &self.recipe, plan.cells);
+        let padded = summaries.iter().map(|s| s.padded.clone()).collect();
+        let planned = Planned { plan, totals, padded };
+        self.work.write(CHUNK_PLAN, &format::to_json_bytes(&planned), CHUNK_PLAN)?;
+        self.write_meta(&steps::planned_metadata(&self.recipe, &planned.plan, planned.totals.clone(), build.clone()))?;
         testhook::point("plan");
         Ok(planned.plan.num_chunks())
     }
 
-    fn planned(&self) -> Result<Planned> {
-        format::read_json(&self.plan_path())
+    /// Spills of the planned build (the input files', then the stitched tails'), and whether
+    /// the build is shuffled (its spills are then regrouped before stage 2).
+    pub fn spills(&self) -> Result<(usize, bool)> {
+        let planned = self.planned()?;
+        Ok((planned.plan.counts.len(), planned.plan.cells.is_some()))
     }
 
-    /// Any node: write chunks `chunks` (a shard already in place is only hashed); their
-    /// manifest lines, in chunk order.
+    /// Any node, shuffled builds: rewrite the spills of `files` in cell order
+    /// (`cell_spills`), one file per thread; files already done are skipped.
+    pub fn regroup(&self, files: &[usize], threads: usize, cancel: &Arc<AtomicBool>) -> Result<()> {
+        testhook::init();
+        let planned = self.planned()?;
+        let Some(cells) = planned.plan.cells else { return Ok(()) };
+        let cb = self.recipe.seqlen as u64 * self.recipe.dtype.size() as u64;
+        let seed = self.recipe.seed;
+        pool(threads)?.install(|| {
+            files.par_iter().try_for_each(|&f| {
+                check_cancel(cancel)?;
+                let name = cells_name(f);
+                if self.work.size(&name)?.is_some() {
+                    return Ok(());
+                }
+                let count = *planned.plan.counts.get(f).ok_or_else(|| Error::Config(format!("no spill {f} in the plan")))?;
+                let src = self.work.open_range(&spill_name(f), 0..count * cb)?;
+                let staged = self.work.staging(&name)?;
+                let written = File::options()
+                    .read(true)
+                    .write(true)
+                    .create_new(true)
+                    .open(&staged)
+                    .map_err(|e| Error::io(&staged, e))
+                    .and_then(|dst| {
+                        cell_spills::write(seed, f, count, cells, cb, src, &self.work.location(&spill_name(f)).to_string(), &dst, &staged)
+                    });
+                if let Err(e) = written {
+                    let _ = std::fs::remove_file(&staged);
+                    return Err(e);
+                }
+                testhook::point("regroup.tmp");
+                self.work.publish(&staged, &name)
+            })
+        })
+    }
+
+    /// Any node: write chunks `chunks` (a shard already in place is kept); their manifest
+    /// lines, in chunk order.
     pub fn stage2(&self, chunks: Range<u64>, threads: usize, cancel: &Arc<AtomicBool>) -> Result<Vec<ManifestLine>> {
         testhook::init();
         let planned = self.planned()?;
-        let chunks = chunks.start..chunks.end.min(planned.plan.num_chunks());
-        let budget = Stage2Budget::for_recipe(self.opts.memory_limit(), threads, &self.job.recipe);
-        let io = Stage2Io { gather_window: budget.gather_window, times: Arc::default() };
-        steps::stage2_chunks(&self.job, &planned.plan, &self.summaries()?, chunks, &io, &pool(threads)?, cancel, &|_, _| Ok(()))
+        let plan = &planned.plan;
+        let chunks = chunks.start..chunks.end.min(plan.num_chunks());
+        if chunks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let pool = pool(threads)?;
+        let scratch = match (&self.out, &self.work) {
+            (Place::Dir(_), Place::Dir(_)) => None,
+            _ => Some(self.work.scratch_dir()?),
+        };
+        let shard_dir = match (&self.out, &scratch) {
+            (Place::Dir(p), _) => p.clone(),
+            (Place::Store { .. }, Some(s)) => s.path().to_path_buf(),
+            (Place::Store { .. }, None) => return Err(Error::Config("internal error: no scratch folder (please report)".into())),
+        };
+        let spec = ShardSpec::new(&self.recipe, shard_dir.clone(), cancel.clone(), Arc::default());
+        let cb = spec.context_bytes();
+        // A shard made in scratch goes to the store, unless a finished one is already there.
+        let publish = |line: ManifestLine| -> Result<ManifestLine> {
+            if self.out.is_store() {
+                let name = format!("{}.tar", line.shard);
+                let staged = shard_dir.join(&name);
+                if self.out.size(&name)? == line.bytes {
+                    let _ = std::fs::remove_file(&staged);
+                } else {
+                    self.out.publish(&staged, &name)?;
+                }
+            }
+            Ok(line)
+        };
+        let padding_in = |file: usize, range: Range<u64>| -> u64 {
+            planned.padded.get(file).map_or(0, |p| p.iter().filter(|(pos, _)| range.contains(pos)).map(|&(_, n)| n as u64).sum())
+        };
+        let cs = plan.chunk_size;
+        match plan.cells {
+            Some(ncells) => {
+                let (c0, c1, skip) = plan.cells_of(chunks.start, chunks.end);
+                let g =
+                    cell_spills::gather(&pool, self.recipe.seed, &plan.counts, ncells, c0, c1, &plan.cell_sizes[c0 as usize..c1 as usize]);
+                let end = (chunks.end * cs).min(plan.num_contexts()) - chunks.start * cs;
+                let order = &g.order[skip as usize..(skip + end) as usize];
+                let padded: HashMap<u64, u32> = planned
+                    .padded
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(f, p)| p.iter().map(move |&(pos, n)| (super::cells::pack(f, pos), n)))
+                    .collect();
+                let source = self.cell_source(&g.ranges, cb, scratch.as_ref().map(|s| s.path()), &pool)?;
+                testhook::point("stage2.group");
+                pool.install(|| {
+                    order
+                        .par_chunks(cs as usize)
+                        .enumerate()
+                        .map(|(i, part)| {
+                            let chunk = chunks.start + i as u64;
+                            let padding: u64 = part.iter().filter_map(|(id, _)| padded.get(id)).map(|&n| n as u64).sum();
+                            let line = write_shard(&spec, chunk, part.len(), padding, |k, buf| {
+                                let (id, idx) = part[k as usize];
+                                source.read(id, idx, buf)
+                            })?;
+                            publish(line)
+                        })
+                        .collect()
+                })
+            }
+            None => pool.install(|| {
+                chunks
+                    .into_par_iter()
+                    .map(|chunk| {
+                        let p = plan.placed(chunk).ok_or_else(|| Error::Config(format!("chunk {chunk} is not in the plan")))?;
+                        let name = spill_name(p.file);
+                        let what = self.work.location(&name).to_string();
+                        let mut src: Option<BufReader<Box<dyn Read + Send>>> = None;
+                        let line = write_shard(&spec, chunk, p.len as usize, padding_in(p.file, p.start..p.start + p.len), |_, buf| {
+                            if src.is_none() {
+                                src = Some(BufReader::with_capacity(
+                                    1 << 20,
+                                    self.work.open_range(&name, p.start * cb..(p.start + p.len) * cb)?,
+                                ));
+                            }
+                            src.as_mut().map_or(Ok(()), |s| s.read_exact(buf)).map_err(|e| Error::io(&what, e))
+                        })?;
+                        publish(line)
+                    })
+                    .collect()
+            }),
+        }
+    }
+
+    /// Where stage 2 reads the contexts of its cells: each file's cell-ordered spill in place
+    /// (a folder), or its part of it downloaded into one local file (a store), one ranged
+    /// read per file, several at once.
+    fn cell_source(&self, ranges: &[Range<u64>], cb: u64, scratch: Option<&Path>, pool: &rayon::ThreadPool) -> Result<CellSource> {
+        let mut files = vec![None; ranges.len()];
+        match (&self.work, scratch) {
+            (Place::Dir(dir), _) => {
+                for (f, r) in ranges.iter().enumerate().filter(|(_, r)| !r.is_empty()) {
+                    let path = dir.join(cells_name(f));
+                    let file = File::open(&path).map_err(|e| Error::io(&path, e))?;
+                    files[f] = Some((Arc::new(file), r.start));
+                }
+            }
+            (Place::Store { .. }, Some(dir)) => {
+                let path: PathBuf = dir.join("cells");
+                let local = Arc::new(File::options().read(true).write(true).create_new(true).open(&path).map_err(|e| Error::io(&path, e))?);
+                let mut base = 0u64;
+                let mut jobs = Vec::new();
+                for (f, r) in ranges.iter().enumerate().filter(|(_, r)| !r.is_empty()) {
+                    files[f] = Some((local.clone(), base));
+                    jobs.push((f, r.clone(), base));
+                    base += r.end - r.start;
+                }
+                pool.install(|| {
+                    jobs.par_iter().try_for_each(|(f, r, base)| {
+                        let name = cells_name(*f);
+                        let mut src = self.work.open_range(&name, r.start * cb..r.end * cb)?;
+                        let mut at = base * cb;
+                        let mut buf = vec![0u8; (1 << 20) / cb.max(1) as usize * cb as usize + cb as usize];
+                        loop {
+                            let n = src.read(&mut buf).map_err(|e| crate::storage::unwrap_io(&self.work.location(&name), e))?;
+                            if n == 0 {
+                                break;
+                            }
+                            local.write_all_at(&buf[..n], at).map_err(|e| Error::io(&path, e))?;
+                            at += n as u64;
+                        }
+                        if at != (base + r.end - r.start) * cb {
+                            return Err(Error::corrupt(self.work.location(&name).to_string(), "shorter than its plan says"));
+                        }
+                        Ok(())
+                    })
+                })?;
+            }
+            (Place::Store { .. }, None) => return Err(Error::Config("internal error: no scratch folder (please report)".into())),
+        }
+        Ok(CellSource { files, cb })
     }
 
     /// Driver: list chunks `first, first+1, ...` in manifest.jsonl (kept a prefix of the final one).
@@ -206,16 +528,53 @@ impl Steps {
         Ok(())
     }
 
+    /// Driver, from time to time: bring a store's manifest up to date with the chunks listed
+    /// (`now`: even if the last upload was a moment ago).
+    pub fn upload_manifest(&self, driver: &mut Driver, now: bool) -> Result<()> {
+        driver.manifest.upload(now)
+    }
+
     /// Driver: the whole manifest, tokshuf.json "complete" (with `build`), then the work
     /// folder and the lock removed.
     pub fn finish(&self, mut driver: Driver, build: &Value) -> Result<Metadata> {
         let planned = self.planned()?;
         driver.manifest.close();
-        let meta = steps::finalize(&self.job, &planned.plan, planned.totals, &driver.manifest.lines, build.clone())?;
-        resume::remove_work(&self.job.work)?;
+        let lines = &driver.manifest.lines;
+        let meta = steps::complete_metadata(&self.recipe, &planned.plan, planned.totals, lines, build.clone())?;
+        self.out.write(MANIFEST_NAME, &manifest_text(lines), MANIFEST_NAME)?;
+        self.write_meta(&meta)?;
+        testhook::point("complete");
+        match &self.work {
+            Place::Dir(work) => resume::remove_work(work)?,
+            Place::Store { .. } => self.work.remove_all()?,
+        }
+        // Temporary files of tasks that died with their node (their retries wrote the shards).
+        for name in self.out.names()?.iter().filter(|n| format::is_tmp(n)) {
+            self.out.remove(name)?;
+        }
         if let Some(lock) = driver.lock.take() {
             lock.remove()?;
         }
+        if let Some(lease) = driver.lease.take() {
+            lease.release()?;
+        }
         Ok(meta)
+    }
+}
+
+/// The contexts of a stage-2 task's cells: per file, an open file and where that file's
+/// contexts of those cells start in it.
+struct CellSource {
+    files: Vec<Option<(Arc<File>, u64)>>,
+    cb: u64,
+}
+
+impl CellSource {
+    fn read(&self, id: u64, idx: u64, buf: &mut [u8]) -> Result<()> {
+        let (f, _) = unpack(id);
+        let Some((file, first)) = self.files.get(f).and_then(Option::as_ref) else {
+            return Err(Error::Config(format!("internal error: no cell data of file {f} (please report)")));
+        };
+        file.read_exact_at(buf, (first + idx) * self.cb).map_err(|e| Error::io(format!("cell-ordered spill of file {f}"), e))
     }
 }

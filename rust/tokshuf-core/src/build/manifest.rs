@@ -3,39 +3,56 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
-use super::resume;
+use super::place::Place;
 use crate::error::{Error, Result};
 use crate::format::{self, ManifestLine, MANIFEST_NAME};
 use crate::testhook;
 
+/// Least time between two uploads of a growing manifest to an object store: each upload is
+/// the whole object (stores cannot append), so a long manifest is not sent once per chunk.
+const UPLOAD_EVERY: Duration = Duration::from_secs(1);
+
 /// manifest.jsonl, kept a prefix of the final manifest while the build runs: a line is
-/// appended, in chunk order, once its chunk and every earlier one are written.
+/// listed, in chunk order, once its chunk and every earlier one are written.
 pub struct Manifest {
-    path: PathBuf,
-    file: Option<File>,
+    out: Place,
+    sink: Sink,
     pub lines: Vec<ManifestLine>,
     pending: BTreeMap<u64, ManifestLine>,
 }
 
+enum Sink {
+    /// A local file, appended to (None once closed).
+    Append(Option<File>, PathBuf),
+    /// An object, replaced whole: `uploaded` lines are in the store, the last upload at `at`.
+    Upload { uploaded: usize, at: Instant },
+}
+
 impl Manifest {
     /// Start the manifest, keeping the lines of a killed run whose shards are there.
-    pub fn open(out: &Path, fresh: bool) -> Result<Self> {
-        let path = out.join(MANIFEST_NAME);
-        let mut lines = if fresh { Vec::new() } else { resume::manifest_prefix(out) };
-        let valid = lines
-            .iter()
-            .enumerate()
-            .take_while(|(k, l)| {
-                l.shard == format::shard_stem(*k as u64)
-                    && std::fs::metadata(out.join(format!("{}.tar", l.shard))).is_ok_and(|m| Some(m.len()) == l.bytes)
-            })
-            .count();
+    pub fn open(out: &Place, fresh: bool) -> Result<Self> {
+        let mut lines = if fresh { Vec::new() } else { prefix(&out.read(MANIFEST_NAME)?.unwrap_or_default()) };
+        let mut valid = 0;
+        for (k, l) in lines.iter().enumerate() {
+            if l.shard != format::shard_stem(k as u64) || out.size(&format!("{}.tar", l.shard))? != l.bytes {
+                break;
+            }
+            valid += 1;
+        }
         lines.truncate(valid);
-        format::write_atomic_as(&path, &manifest_text(&lines), "manifest.jsonl[prefix]")?;
-        let file = std::fs::OpenOptions::new().append(true).open(&path).map_err(|e| Error::io(&path, e))?;
-        Ok(Manifest { path, file: Some(file), lines, pending: BTreeMap::new() })
+        out.write(MANIFEST_NAME, &manifest_text(&lines), "manifest.jsonl[prefix]")?;
+        let sink = match out.dir() {
+            Some(dir) => {
+                let path = dir.join(MANIFEST_NAME);
+                let file = std::fs::OpenOptions::new().append(true).open(&path).map_err(|e| Error::io(&path, e))?;
+                Sink::Append(Some(file), path)
+            }
+            None => Sink::Upload { uploaded: lines.len(), at: Instant::now() },
+        };
+        Ok(Manifest { out: out.clone(), sink, lines, pending: BTreeMap::new() })
     }
 
     pub fn add(&mut self, chunk: u64, line: ManifestLine) -> Result<()> {
@@ -48,9 +65,26 @@ impl Manifest {
             self.lines.push(l);
         }
         if self.lines.len() > start {
-            let data = manifest_text(&self.lines[start..]);
-            if let Some(f) = self.file.as_mut() {
-                testhook::charge(data.len()).and_then(|_| f.write_all(&data)).map_err(|e| Error::io(&self.path, e))?;
+            match &mut self.sink {
+                Sink::Append(file, path) => {
+                    let data = manifest_text(&self.lines[start..]);
+                    if let Some(f) = file.as_mut() {
+                        testhook::charge(data.len()).and_then(|_| f.write_all(&data)).map_err(|e| Error::io(&*path, e))?;
+                    }
+                }
+                Sink::Upload { .. } => self.upload(false)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// An object store's manifest: upload the lines listed since the last upload, if there
+    /// are any and (unless `now`) the last upload is old enough. A local file is always current.
+    pub fn upload(&mut self, now: bool) -> Result<()> {
+        if let Sink::Upload { uploaded, at } = &mut self.sink {
+            if self.lines.len() > *uploaded && (now || at.elapsed() >= UPLOAD_EVERY) {
+                self.out.write(MANIFEST_NAME, &manifest_text(&self.lines), "manifest.jsonl[prefix]")?;
+                (*uploaded, *at) = (self.lines.len(), Instant::now());
             }
         }
         Ok(())
@@ -59,8 +93,16 @@ impl Manifest {
     /// Stop appending (the final manifest is written whole by `steps::finalize`, so no torn
     /// line of any run can survive).
     pub fn close(&mut self) {
-        self.file = None;
+        if let Sink::Append(file, _) = &mut self.sink {
+            *file = None;
+        }
     }
+}
+
+/// Complete lines at the start of a manifest (a torn last line is not one).
+pub fn prefix(bytes: &[u8]) -> Vec<ManifestLine> {
+    let end = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    bytes[..end].split(|&b| b == b'\n').filter(|l| !l.is_empty()).map_while(|l| serde_json::from_slice(l).ok()).collect()
 }
 
 pub fn manifest_text(lines: &[ManifestLine]) -> Vec<u8> {

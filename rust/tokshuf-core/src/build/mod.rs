@@ -13,6 +13,7 @@
 
 pub mod binned;
 pub mod budget;
+pub mod cell_spills;
 pub mod cells;
 pub mod driver;
 mod gather;
@@ -20,6 +21,7 @@ pub mod input;
 mod manifest;
 mod options;
 pub mod pack;
+pub mod place;
 pub mod plan;
 pub mod progress;
 pub mod resume;
@@ -84,7 +86,7 @@ impl Run<'_> {
         Metadata::new(&self.job.recipe, status, self.build_info())
     }
     fn write_planned(&self, plan: &ChunkPlan, totals: &Totals) -> Result<()> {
-        steps::write_metadata(&self.job.out, &steps::planned_metadata(&self.job, plan, totals.clone(), self.build_info()))
+        steps::write_metadata(&self.job.out, &steps::planned_metadata(&self.job.recipe, plan, totals.clone(), self.build_info()))
     }
     fn nfiles(&self) -> usize {
         self.job.recipe.inputs.len()
@@ -122,7 +124,9 @@ pub fn build(opts: &BuildOptions, cancel: Arc<AtomicBool>) -> Result<Metadata> {
     // Held for the whole run: refuses a second build into the same folder, and tells a reader
     // following this build whether it is still alive (see format::lock).
     let lock = BuildLock::acquire(&out)?;
-    let start = match resume::prepare(&job, opts.overwrite) {
+    let (out_place, work_place) = (place::Place::Dir(out.clone()), place::Place::Dir(work.clone()));
+    let inputs = job.paths();
+    let start = match resume::prepare(&out_place, &work_place, &job.recipe, &inputs, opts.overwrite) {
         Ok(s) => s,
         Err(e) => {
             if lock.created {
@@ -135,7 +139,7 @@ pub fn build(opts: &BuildOptions, cancel: Arc<AtomicBool>) -> Result<Metadata> {
         lock.remove()?;
         return Ok(*meta);
     }
-    resume::init_work(&job)?;
+    resume::init_work(&work_place, &job.recipe, &inputs)?;
 
     let threads = opts.threads();
     let pool = Arc::new(
@@ -176,7 +180,7 @@ pub fn build(opts: &BuildOptions, cancel: Arc<AtomicBool>) -> Result<Metadata> {
         lock.remove()?;
         return Ok(meta);
     }
-    let mut manifest = Manifest::open(&out, matches!(start, Start::Fresh))?;
+    let mut manifest = Manifest::open(&out_place, matches!(start, Start::Fresh))?;
     let (plan, totals) = if run.job.recipe.shuffle {
         build_shuffled(&mut run, &mut manifest)?
     } else {
@@ -274,6 +278,7 @@ fn run_stage1(run: &mut Run<'_>) -> Result<Vec<format::FileSummary>> {
     let progress = &run.progress;
     let mut summaries = steps::stage1_files(&run.job, &run.cfg, &files, &run.pool, &run.cancel, |file, s| {
         progress.advance(1, inputs[file].bytes, s.num_tokens);
+        Ok(())
     })?;
     if let Some(s) = steps::stitch(&run.job, &run.cfg, &summaries)? {
         summaries.push(s);

@@ -3,8 +3,8 @@
 //!
 //! A build is resumable because every unit of work is published by a rename: a stage-1 file is
 //! done when its summary exists, a chunk when its shard exists, the cache when tokshuf.json says
-//! "complete". Whatever else a killed run leaves (`*.tmp` files, a half-removed work folder) is
-//! rewritten or removed by the next run. The work folder also records each input's size and
+//! "complete". Whatever else a killed run leaves (temporary `*.tmp.TAG` files, a half-removed
+//! work folder) is removed by the next run. The work folder also records each input's size and
 //! modification time when the build started, so an input edited in place (same size) is
 //! noticed; tokshuf.json cannot hold mtimes, its bytes must not depend on the machine.
 
@@ -14,8 +14,9 @@ use std::time::UNIX_EPOCH;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+pub use super::place::remove_tree;
+use super::place::Place;
 use crate::build::stage1;
-use crate::build::steps::Job;
 use crate::error::{Error, Result};
 use crate::format::{self, is_data, is_ours, Metadata, Recipe, Status, MANIFEST_NAME, META_NAME, WORK_NAME};
 use crate::hash;
@@ -47,18 +48,18 @@ pub struct InputStamp {
     pub mtime_ns: u64,
 }
 
-/// The inputs of `job` as they are now.
-pub fn stamps(job: &Job) -> Result<Vec<InputStamp>> {
-    job.recipe
+/// The inputs of `recipe` as they are now (`inputs`: where they are on this machine).
+pub fn stamps(recipe: &Recipe, inputs: &[PathBuf]) -> Result<Vec<InputStamp>> {
+    recipe
         .inputs
         .iter()
-        .zip(job.paths())
+        .zip(inputs)
         .map(|(f, open)| {
             if crate::storage::Location::is_url(&f.path) {
                 let bytes = crate::storage::input_size(&f.path)?;
                 return Ok(InputStamp { path: f.path.clone(), bytes, mtime_ns: 0 });
             }
-            let md = std::fs::metadata(&open).map_err(|e| Error::io(&open, e))?;
+            let md = std::fs::metadata(open).map_err(|e| Error::io(open, e))?;
             let mtime_ns = md.modified().ok().and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map_or(0, |d| d.as_nanos() as u64);
             Ok(InputStamp { path: f.path.clone(), bytes: md.len(), mtime_ns })
         })
@@ -77,100 +78,86 @@ pub fn work_dir(output: &Path, local_cell_dir: Option<&Path>) -> Result<PathBuf>
     })
 }
 
-fn list(dir: &Path) -> Result<Vec<String>> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .map_err(|e| Error::io(dir, e))?
-        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
-        .collect();
-    names.sort();
-    Ok(names)
-}
-
-fn read_work_state(work: &Path) -> Option<WorkState> {
-    format::read_json(&work.join(WORK_STATE)).ok()
-}
-
-/// Decide what to do with the output folder of `job`, clearing it when starting over.
-pub fn prepare(job: &Job, overwrite: bool) -> Result<Start> {
-    let (output, work, recipe) = (job.out.as_path(), job.work.as_path(), &job.recipe);
-    if !output.exists() {
-        std::fs::create_dir_all(output).map_err(|e| Error::io(output, e))?;
+/// Decide what to do with the output (a folder, or a prefix in an object store), clearing it
+/// when starting over. `inputs`: where the recipe's input files are on this machine.
+pub fn prepare(out: &Place, work: &Place, recipe: &Recipe, inputs: &[PathBuf], overwrite: bool) -> Result<Start> {
+    if let Some(dir) = out.dir() {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     }
-    let entries = list(output)?;
+    let entries = out.names()?;
     let foreign: Vec<&String> = entries.iter().filter(|n| !is_ours(n)).take(3).collect();
     if !foreign.is_empty() {
         return Err(Error::OutputExists(format!(
-            "{}: output folder holds files tokshuf did not write ({foreign:?}); choose an empty or new folder",
-            output.display()
+            "{out}: output folder holds files tokshuf did not write ({foreign:?}); choose an empty or new folder"
         )));
     }
-    let meta_path = output.join(META_NAME);
-    let existing: Option<Metadata> = if meta_path.exists() {
-        match format::read_json::<Metadata>(&meta_path) {
-            Ok(v) => Some(v),
-            Err(_) if overwrite => None,
-            Err(e) => return Err(e),
-        }
-    } else {
-        None
+    let existing: Option<Metadata> = match out.read_json::<Metadata>(META_NAME) {
+        Ok(m) => m,
+        Err(_) if overwrite => None,
+        Err(e) => return Err(e),
     };
-    let work_state = read_work_state(work);
+    let work_state: Option<WorkState> = work.read_json(WORK_STATE).ok().flatten();
     let old: Option<Recipe> = match &existing {
         Some(m) => m.typed_recipe(),
         None => work_state.as_ref().map(|w| w.recipe.clone()),
     };
     let Some(old) = old else {
         // No recipe anywhere: an empty folder, or a build killed before its first metadata
-        // (left only `*.tmp` files or a work folder without state). Shards without metadata
+        // (left only temporary files or a work folder without state). Shards without metadata
         // are another matter: they may be someone's data.
         if !overwrite && (existing.is_some() || entries.iter().any(|n| is_data(n))) {
             return Err(Error::OutputExists(format!(
-                "{}: holds cache files but no readable tokshuf.json; pass overwrite=True (--overwrite) to start over",
-                output.display()
+                "{out}: holds cache files but no readable tokshuf.json; pass overwrite=True (--overwrite) to start over"
             )));
         }
-        clear(output, work, &entries)?;
+        clear(out, work, &entries)?;
         return Ok(Start::Fresh);
     };
     if overwrite {
-        clear(output, work, &entries)?;
+        clear(out, work, &entries)?;
         return Ok(Start::Fresh);
     }
     if &old != recipe {
         return Err(Error::OutputExists(format!(
-            "{}: holds a build with other inputs or options ({}); pass overwrite=True (--overwrite) to start over",
-            output.display(),
+            "{out}: holds a build with other inputs or options ({}); pass overwrite=True (--overwrite) to start over",
             old.differences(recipe).join("; ")
         )));
     }
     if let Some(m) = existing.as_ref().filter(|m| m.status == Status::Complete) {
         // A run killed after publishing the cache may have left its work folder or temporaries.
-        remove_tree(work)?;
-        for name in entries.iter().filter(|n| n.ends_with(".tmp")) {
-            remove_tree(&output.join(name))?;
-        }
+        work.remove_all()?;
+        remove_tmp(out, &entries)?;
         return Ok(Start::Complete(Box::new(m.clone())));
     }
     if let Some(w) = &work_state {
-        let changed = changed_inputs(w, job)?;
+        let changed = changed_inputs(w, recipe, inputs)?;
         if !changed.is_empty() {
             return Err(Error::OutputExists(format!(
-                "{}: input files changed since this unfinished build started ({}); pass overwrite=True (--overwrite) to start over",
-                output.display(),
+                "{out}: input files changed since this unfinished build started ({}); pass overwrite=True (--overwrite) to start over",
                 changed.join("; ")
             )));
         }
     }
+    // Temporary files of the killed run: every writer has its own name, so none is reused.
+    remove_tmp(out, &entries)?;
     Ok(Start::Resume)
 }
 
-/// Inputs of the unfinished build `w` whose size or mtime differ now (`job` has its recipe).
-fn changed_inputs(w: &WorkState, job: &Job) -> Result<Vec<String>> {
-    let now = stamps(job)?;
+/// Remove the temporary files (`format::is_tmp`) among `entries` of `place`.
+fn remove_tmp(place: &Place, entries: &[String]) -> Result<()> {
+    for name in entries.iter().filter(|n| format::is_tmp(n)) {
+        place.remove(name)?;
+    }
+    Ok(())
+}
+
+/// Inputs of the unfinished build `w` whose size or mtime differ now (`inputs`: where they are).
+fn changed_inputs(w: &WorkState, recipe: &Recipe, inputs: &[PathBuf]) -> Result<Vec<String>> {
+    let now = stamps(recipe, inputs)?;
     Ok(w.inputs
         .iter()
         .zip(&now)
-        .zip(job.paths())
+        .zip(inputs)
         .filter(|((a, b), _)| a != b)
         .take(5)
         .map(|((a, b), path)| {
@@ -184,37 +171,29 @@ fn changed_inputs(w: &WorkState, job: &Job) -> Result<Vec<String>> {
 }
 
 /// Remove everything a build wrote (only our names: `prepare` refused foreign files).
-fn clear(output: &Path, work: &Path, entries: &[String]) -> Result<()> {
+fn clear(out: &Place, work: &Place, entries: &[String]) -> Result<()> {
     // The lock file is the running build's own: removing it would let a second build in.
     for name in entries.iter().filter(|n| *n != crate::format::LOCK_NAME) {
-        remove_tree(&output.join(name))?;
+        out.remove(name)?;
     }
-    remove_tree(work)
+    work.remove_all()
 }
 
-pub fn remove_tree(p: &Path) -> Result<()> {
-    let r = match std::fs::symlink_metadata(p) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => Err(e),
-        Ok(md) if md.is_dir() => std::fs::remove_dir_all(p),
-        Ok(_) => std::fs::remove_file(p),
-    };
-    r.map_err(|e| Error::io(p, e))
-}
-
-/// Create the work folder of `job`, or keep it if it already belongs to its recipe. A work
-/// folder of another recipe (possible under `local_cell_dir`) is stale and cleared.
-pub fn init_work(job: &Job) -> Result<()> {
-    let (work, recipe) = (job.work.as_path(), &job.recipe);
-    if let Some(w) = read_work_state(work) {
+/// Create the work folder for `recipe`, or keep it if it already belongs to it (less the
+/// temporary files of a killed run). A work folder of another recipe (possible under
+/// `local_cell_dir`) is stale and cleared. `inputs`: where the input files are.
+pub fn init_work(work: &Place, recipe: &Recipe, inputs: &[PathBuf]) -> Result<()> {
+    if let Some(w) = work.read_json::<WorkState>(WORK_STATE).ok().flatten() {
         if &w.recipe == recipe {
-            return Ok(());
+            return remove_tmp(work, &work.names()?);
         }
     }
-    remove_tree(work)?;
-    std::fs::create_dir_all(work).map_err(|e| Error::io(work, e))?;
-    let state = WorkState { recipe: recipe.clone(), inputs: stamps(job)? };
-    format::write_atomic(&work.join(WORK_STATE), &format::to_json_bytes(&state))
+    work.remove_all()?;
+    if let Some(dir) = work.dir() {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    }
+    let state = WorkState { recipe: recipe.clone(), inputs: stamps(recipe, inputs)? };
+    work.write(WORK_STATE, &format::to_json_bytes(&state), WORK_STATE)
 }
 
 /// Remove the work folder at the end of a build, file by file (a run killed part-way leaves a
@@ -236,29 +215,35 @@ pub fn remove_work(work: &Path) -> Result<()> {
 
 /// Complete lines of manifest.jsonl (a prefix of the final manifest while a build runs).
 pub fn manifest_prefix(output: &Path) -> Vec<format::ManifestLine> {
-    let Ok(bytes) = std::fs::read(output.join(MANIFEST_NAME)) else { return Vec::new() };
-    let end = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-    bytes[..end].split(|&b| b == b'\n').filter(|l| !l.is_empty()).map_while(|l| serde_json::from_slice(l).ok()).collect()
+    std::fs::read(output.join(MANIFEST_NAME)).map(|b| super::manifest::prefix(&b)).unwrap_or_default()
 }
 
-/// Progress of a build (finished or not) in `output`, for `tokshuf status`.
+/// Progress of a build (finished or not) in `output` (a folder or an object-store URL), for
+/// `tokshuf status`.
 pub fn status(output: &Path, local_cell_dir: Option<&Path>) -> Result<Value> {
-    let meta_path = output.join(META_NAME);
-    let work = work_dir(output, local_cell_dir)?;
-    let (meta, recipe): (Option<Metadata>, Recipe) = if meta_path.exists() {
-        let m: Metadata = format::read_json(&meta_path)?;
-        let r = m.typed_recipe().ok_or_else(|| Error::corrupt(&meta_path, "no readable recipe"))?;
-        (Some(m), r)
-    } else if let Some(w) = read_work_state(&work) {
-        (None, w.recipe)
-    } else {
-        return Err(Error::Config(format!("{}: no tokshuf build here (no {META_NAME})", output.display())));
+    let scratch = local_cell_dir.map_or_else(std::env::temp_dir, Path::to_path_buf);
+    let out = Place::new(output, &scratch)?;
+    let work = match &out {
+        Place::Dir(p) => Place::Dir(work_dir(p, local_cell_dir)?),
+        Place::Store { .. } => out.child(WORK_NAME),
+    };
+    let (meta, recipe): (Option<Metadata>, Recipe) = match out.read_json::<Metadata>(META_NAME)? {
+        Some(m) => {
+            let r = m.typed_recipe().ok_or_else(|| Error::corrupt(out.location(META_NAME).to_string(), "no readable recipe"))?;
+            (Some(m), r)
+        }
+        None => match work.read_json::<WorkState>(WORK_STATE).ok().flatten() {
+            Some(w) => (None, w.recipe),
+            None => return Err(Error::Config(format!("{out}: no tokshuf build here (no {META_NAME})"))),
+        },
     };
     let status = meta.as_ref().map_or("starting", |m| m.status.as_str());
     let complete = status == "complete";
     let nfiles = recipe.inputs.len();
-    let files_done = if complete { nfiles } else { (0..nfiles).filter(|&f| stage1::summary_path(&work, f).exists()).count() };
-    let shards = if output.exists() { list(output)?.iter().filter(|n| n.starts_with("shard_") && n.ends_with(".tar")).count() } else { 0 };
+    let work_names = if complete { Vec::new() } else { work.names()? };
+    let files_done =
+        if complete { nfiles } else { (0..nfiles).filter(|&f| work_names.binary_search(&stage1::summary_name(f)).is_ok()).count() };
+    let shards = out.names()?.iter().filter(|n| n.starts_with("shard_") && n.ends_with(".tar")).count();
     let stage = match status {
         "starting" | "building" => "tokenize",
         "streaming" => "tokenize and write (streaming)",
@@ -266,20 +251,30 @@ pub fn status(output: &Path, local_cell_dir: Option<&Path>) -> Result<Value> {
         "complete" => "complete",
         _ => "unknown",
     };
+    // Whether a build holds the lock (a folder) or renews the lease (a store) now: a dead build
+    // leaves status "building" behind. Unknown (null) for a store without a lease.
+    let running = match &out {
+        Place::Dir(p) => json!(crate::format::lock::build_state(p) == crate::format::lock::BuildState::Running),
+        Place::Store { .. } => match crate::storage::lease::state(&out.location(crate::format::LOCK_NAME)) {
+            crate::format::lock::BuildState::Running => json!(true),
+            crate::format::lock::BuildState::NotRunning => json!(false),
+            crate::format::lock::BuildState::Unknown => Value::Null,
+        },
+    };
+    let listed = super::manifest::prefix(&out.read(MANIFEST_NAME)?.unwrap_or_default()).len();
     Ok(json!({
-        "output": output.display().to_string(),
+        "output": out.to_string(),
         "status": status,
         "stage": stage,
         "files_done": files_done,
         "files_total": nfiles,
         "chunks_written": shards,
-        "chunks_listed": manifest_prefix(output).len(),
+        "chunks_listed": listed,
         "chunks_planned": meta.as_ref().and_then(|m| m.num_chunks),
         "contexts_planned": meta.as_ref().and_then(|m| m.num_contexts),
         "shuffle": recipe.shuffle,
-        // Whether a build holds the lock now (a dead build leaves status "building" behind).
-        "running": crate::format::lock::build_state(output) == crate::format::lock::BuildState::Running,
-        "work_dir": if work.exists() { json!(work.display().to_string()) } else { Value::Null },
+        "running": running,
+        "work_dir": if work_names.is_empty() { Value::Null } else { json!(work.to_string()) },
     }))
 }
 
@@ -301,11 +296,20 @@ mod tests {
 
     #[test]
     fn only_our_names_are_ours() {
-        for name in ["tokshuf.json", "manifest.jsonl", ".tokshuf-work", "shard_00000003.tar", "shard_00000003.tar.tmp", "tokshuf.json.tmp"]
-        {
+        for name in [
+            "tokshuf.json",
+            "manifest.jsonl",
+            ".tokshuf-work",
+            "shard_00000003.tar",
+            "shard_00000003.tar.tmp",
+            "shard_00000003.tar.tmp.0123456789abcdef",
+            "tokshuf.json.tmp",
+            "manifest.jsonl.tmp.fedcba9876543210",
+        ] {
             assert!(is_ours(name), "{name}");
         }
-        for name in ["notes.txt", "data.tmp", "shard_1.npy", "tokshuf.jsonx"] {
+        for name in ["notes.txt", "data.tmp", "shard_1.npy", "tokshuf.jsonx", "notes.txt.tmp.0123456789abcdef", "shard_00000003.tar.tmp.x"]
+        {
             assert!(!is_ours(name), "{name}");
         }
     }

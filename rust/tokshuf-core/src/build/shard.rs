@@ -221,6 +221,23 @@ pub struct ShardSpec {
     pub times: Arc<ShardTimes>,
 }
 
+impl ShardSpec {
+    /// Shards of `recipe` written into `out`.
+    pub fn new(recipe: &crate::format::Recipe, out: PathBuf, cancel: Arc<AtomicBool>, times: Arc<ShardTimes>) -> ShardSpec {
+        let r = recipe;
+        ShardSpec {
+            out,
+            format: r.format,
+            dtype: r.dtype,
+            seqlen: r.seqlen as u64,
+            block_size: r.block_size,
+            zstd_level: r.zstd_level,
+            cancel,
+            times,
+        }
+    }
+}
+
 /// Where writing shards spent its time, summed over threads (tokshuf.json `build.stage2`).
 #[derive(Debug, Default)]
 pub struct ShardTimes {

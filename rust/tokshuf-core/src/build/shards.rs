@@ -29,7 +29,7 @@ pub fn run(
     work: &Path,
     pool: &ThreadPool,
     cancel: &Arc<AtomicBool>,
-    mut on_done: impl FnMut(usize, &FileSummary),
+    mut on_done: impl FnMut(usize, &FileSummary) -> Result<()>,
 ) -> Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     let (tx, rx) = crossbeam_channel::unbounded();
@@ -46,9 +46,8 @@ pub fn run(
     let mut first_error = None;
     // Every task sends once, so this ends when the last one has: none outlives the call.
     for (file, result) in rx {
-        match result {
-            Ok(summary) if first_error.is_none() => on_done(file, &summary),
-            Ok(_) => {}
+        match result.and_then(|summary| if first_error.is_none() { on_done(file, &summary) } else { Ok(()) }) {
+            Ok(()) => {}
             Err(e) => {
                 stop.store(true, Ordering::Relaxed);
                 first_error.get_or_insert(e);

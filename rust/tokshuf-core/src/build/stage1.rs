@@ -47,8 +47,17 @@ pub struct Stage1Config {
     pub input_names: Vec<String>,
 }
 
+/// Names of file `file`'s spill and summary in the work folder.
+pub fn spill_name(file: usize) -> String {
+    format!("f{file:08}.ctx")
+}
+
+pub fn summary_name(file: usize) -> String {
+    format!("f{file:08}.json")
+}
+
 pub fn spill_path(work: &Path, file: usize) -> PathBuf {
-    work.join(format!("f{file:08}.ctx"))
+    work.join(spill_name(file))
 }
 
 /// Unpacked builds: where the examples of `file` that fall in bin `bin` are in its spill, one
@@ -61,7 +70,7 @@ pub fn pos_path(work: &Path, file: usize, bin: usize) -> PathBuf {
 pub const POS_BYTES: u64 = 16;
 
 pub fn summary_path(work: &Path, file: usize) -> PathBuf {
-    work.join(format!("f{file:08}.json"))
+    work.join(summary_name(file))
 }
 
 enum Job {

@@ -53,30 +53,12 @@ pub struct Job {
 }
 
 impl Job {
-    /// Where each input file is, in recipe order: a URL as recorded, a local file under
-    /// `input_root`.
+    /// Where each input file is, in recipe order (`input_paths`).
     pub fn paths(&self) -> Vec<PathBuf> {
-        self.recipe
-            .inputs
-            .iter()
-            .map(|f| match &self.input_root {
-                Some(root) if !crate::storage::Location::is_url(&f.path) => root.join(&f.path),
-                _ => PathBuf::from(&f.path),
-            })
-            .collect()
+        input_paths(&self.recipe, self.input_root.as_deref())
     }
     fn shard_spec(&self, cancel: Arc<AtomicBool>, times: Arc<ShardTimes>) -> ShardSpec {
-        let r = &self.recipe;
-        ShardSpec {
-            out: self.out.clone(),
-            format: r.format,
-            dtype: r.dtype,
-            seqlen: r.seqlen as u64,
-            block_size: r.block_size,
-            zstd_level: r.zstd_level,
-            cancel,
-            times,
-        }
+        ShardSpec::new(&self.recipe, self.out.clone(), cancel, times)
     }
 }
 
@@ -85,6 +67,19 @@ pub fn plan(opts: &BuildOptions) -> Result<(Job, Tokenizer)> {
     opts.validate()?;
     let tok = Tokenizer::load(&opts.tokenizer, opts.allow_special_tokens, opts.tokenizer_backend)?;
     Ok((job(opts, &tok)?, tok))
+}
+
+/// Where each input file of `recipe` is on this machine, in recipe order: a URL as recorded, a
+/// local file under `input_root` (the folder its paths are relative to).
+pub fn input_paths(recipe: &Recipe, input_root: Option<&Path>) -> Vec<PathBuf> {
+    recipe
+        .inputs
+        .iter()
+        .map(|f| match input_root {
+            Some(root) if !crate::storage::Location::is_url(&f.path) => root.join(&f.path),
+            _ => PathBuf::from(&f.path),
+        })
+        .collect()
 }
 
 /// The job of building `opts` with `tok` (loaded from `opts.tokenizer`).
@@ -124,30 +119,40 @@ pub fn summary(job: &Job, file: usize) -> Result<Option<FileSummary>> {
 }
 
 /// Step 2: tokenize and window input files `files`, writing their spills and summaries.
-/// Files already done are skipped; `on_done` hears of each file finished now.
+/// Files already done are skipped; `on_done` hears of each file finished now (an error from
+/// it stops stage 1). Returns the summaries of `files`, in order.
 pub fn stage1_files(
     job: &Job,
     cfg: &Arc<Stage1Config>,
     files: &[usize],
     pool: &Arc<ThreadPool>,
     cancel: &Arc<AtomicBool>,
-    mut on_done: impl FnMut(usize, &FileSummary),
+    mut on_done: impl FnMut(usize, &FileSummary) -> Result<()>,
 ) -> Result<Vec<FileSummary>> {
     std::fs::create_dir_all(&job.work).map_err(|e| Error::io(&job.work, e))?;
     let todo: Vec<usize> = files.iter().copied().filter(|&f| !stage1::summary_path(&job.work, f).exists()).collect();
+    let mut fresh = HashMap::new();
+    let mut record = |file: usize, summary: &FileSummary| {
+        fresh.insert(file, summary.clone());
+        on_done(file, summary)
+    };
     match job.recipe.input_kind {
-        InputKind::Shards => shards::run(cfg, &job.paths(), &todo, &job.work, pool, cancel, on_done)?,
+        InputKind::Shards => shards::run(cfg, &job.paths(), &todo, &job.work, pool, cancel, &mut record)?,
         InputKind::Jsonl => {
             let schedule = Schedule { window: 1, notify_every: 0, batch_bytes: stage1::BATCH_BYTES };
-            stage1::run(cfg, &job.paths(), &todo, &job.work, pool, cancel, schedule, |ev| {
-                if let stage1::Event::Done { file, summary, .. } = ev {
-                    on_done(file, summary);
-                }
-                Ok(())
+            stage1::run(cfg, &job.paths(), &todo, &job.work, pool, cancel, schedule, |ev| match ev {
+                stage1::Event::Done { file, summary, .. } => record(file, summary),
+                _ => Ok(()),
             })?;
         }
     }
-    files.iter().map(|&f| summary(job, f)?.ok_or_else(|| Error::Config(format!("stage 1 left file {f} unfinished")))).collect()
+    files
+        .iter()
+        .map(|&f| match fresh.remove(&f) {
+            Some(s) => Ok(s),
+            None => summary(job, f)?.ok_or_else(|| Error::Config(format!("stage 1 left file {f} unfinished"))),
+        })
+        .collect()
 }
 
 /// Step 3: with tail "stitch", window the tails of all files (`summaries`, in file order) as
@@ -266,11 +271,11 @@ pub(crate) fn write_spill_range(
 }
 
 /// The figures and plan fields of tokshuf.json from status "writing" on.
-pub fn planned_metadata(job: &Job, plan: &ChunkPlan, totals: Totals, build: Value) -> Metadata {
-    let mut m = Metadata::new(&job.recipe, Status::Writing, build);
+pub fn planned_metadata(recipe: &Recipe, plan: &ChunkPlan, totals: Totals, build: Value) -> Metadata {
+    let mut m = Metadata::new(recipe, Status::Writing, build);
     m.num_chunks = Some(plan.num_chunks());
     m.num_contexts = Some(plan.num_contexts());
-    m.chunk_sizes = Some((!job.recipe.shuffle).then(|| plan.chunk_sizes()));
+    m.chunk_sizes = Some((!recipe.shuffle).then(|| plan.chunk_sizes()));
     m.totals = Some(totals);
     m
 }
@@ -283,14 +288,20 @@ pub fn write_metadata(out: &Path, meta: &Metadata) -> Result<()> {
 /// Step 6: the whole manifest, then tokshuf.json "complete": a complete tokshuf.json means a
 /// complete cache. `lines` are every chunk's, in chunk order.
 pub fn finalize(job: &Job, plan: &ChunkPlan, totals: Totals, lines: &[ManifestLine], build: Value) -> Result<Metadata> {
+    let meta = complete_metadata(&job.recipe, plan, totals, lines, build)?;
+    format::write_atomic(&job.out.join(MANIFEST_NAME), &manifest_text(lines))?;
+    write_metadata(&job.out, &meta)?;
+    testhook::point("complete");
+    Ok(meta)
+}
+
+/// tokshuf.json "complete" for the manifest `lines` (every chunk's, in chunk order).
+pub fn complete_metadata(recipe: &Recipe, plan: &ChunkPlan, totals: Totals, lines: &[ManifestLine], build: Value) -> Result<Metadata> {
     if lines.len() as u64 != plan.num_chunks() || lines.iter().enumerate().any(|(k, l)| l.shard != format::shard_stem(k as u64)) {
         return Err(Error::Config("internal error: chunks missing from the manifest (please report)".into()));
     }
-    format::write_atomic(&job.out.join(MANIFEST_NAME), &manifest_text(lines))?;
-    let mut meta = planned_metadata(job, plan, totals, build);
+    let mut meta = planned_metadata(recipe, plan, totals, build);
     meta.status = Status::Complete;
     meta.bytes_out = Some(lines.iter().map(|m| m.bytes()).sum());
-    write_metadata(&job.out, &meta)?;
-    testhook::point("complete");
     Ok(meta)
 }

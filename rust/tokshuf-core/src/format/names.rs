@@ -30,14 +30,8 @@ fn is_bin_dir(name: &str) -> bool {
 
 /// Names a build writes into its output folder (finished or not).
 pub fn is_ours(name: &str) -> bool {
-    name == META_NAME
-        || name == MANIFEST_NAME
-        || name == WORK_NAME
-        || (name.starts_with("shard_") && (name.ends_with(".tar") || name.ends_with(".tar.tmp")))
-        || name == "tokshuf.json.tmp"
-        || name == "manifest.jsonl.tmp"
-        || name == LOCK_NAME
-        || is_bin_dir(name)
+    let final_name = |n: &str| n == META_NAME || n == MANIFEST_NAME || (n.starts_with("shard_") && n.ends_with(".tar"));
+    final_name(name) || name == WORK_NAME || name == LOCK_NAME || is_bin_dir(name) || super::tmp_base(name).is_some_and(final_name)
 }
 
 /// Names that hold cache data (as opposed to metadata and scratch).

@@ -76,7 +76,7 @@ pub struct Cache {
     /// `blocks.zst`: decoded blocks.
     blocks: PerProcess<BlockCache>,
     /// A cache in an object store: shards are brought into `root` before they are mapped.
-    remote: Option<(Arc<crate::storage::shard_cache::ShardCache>, Vec<crate::storage::shard_cache::Want>)>,
+    remote: Option<Arc<super::remote::RemoteShards>>,
 }
 
 impl std::fmt::Debug for Cache {
@@ -170,13 +170,9 @@ impl Cache {
         }
     }
 
-    /// Serve shards through `shards` (see `read::remote`); `wants[c]` describes chunk c.
-    pub(crate) fn attach_remote(
-        &mut self,
-        shards: Arc<crate::storage::shard_cache::ShardCache>,
-        wants: Vec<crate::storage::shard_cache::Want>,
-    ) {
-        self.remote = Some((shards, wants));
+    /// Serve shards through `shards` (see `read::remote`).
+    pub(crate) fn attach_remote(&mut self, shards: Arc<super::remote::RemoteShards>) {
+        self.remote = Some(shards);
     }
 
     /// A cache in an object store (`read::remote`).
@@ -187,15 +183,15 @@ impl Cache {
     /// A remote cache whose local copy of chunk `c` was evicted.
     fn evicted(&self, c: u64) -> bool {
         match &self.remote {
-            Some((shards, wants)) => wants.get(c as usize).is_some_and(|w| !shards.holds(&w.name)),
+            Some(r) => r.want(c).is_some_and(|w| !r.cache.holds(&w.name)),
             None => false,
         }
     }
 
     /// A remote cache: download these chunks ahead, in this order, as the budget allows.
     pub fn prefetch_chunks(&self, order: &[u64]) {
-        if let Some((shards, wants)) = &self.remote {
-            shards.prefetch(order.iter().filter_map(|&c| wants.get(c as usize).cloned()).collect());
+        if let Some(r) = &self.remote {
+            r.cache.prefetch(order.iter().filter_map(|&c| r.want(c)).collect());
         }
     }
 
@@ -359,10 +355,9 @@ impl Cache {
     fn map_chunk(&self, c: u64) -> Result<Chunk> {
         let path = shard_path(&self.root, c);
         let entry = &self.entry(c).ok_or_else(|| Error::corrupt(&path, format!("chunk {c} is not in the cache's plan or manifest")))?;
-        if let Some((shards, wants)) = &self.remote {
-            if let Some(w) = wants.get(c as usize) {
-                shards.get(w)?;
-            }
+        if let Some(r) = &self.remote {
+            let w = r.want(c).ok_or_else(|| Error::corrupt(&path, format!("chunk {c} is not in the remote cache's manifest yet")))?;
+            r.cache.get(&w)?;
         }
         let f = File::open(&path).map_err(|e| Error::corrupt(&path, format!("cannot open shard: {e}")))?;
         let len = f.metadata().map_err(|e| Error::io(&path, e))?.len();

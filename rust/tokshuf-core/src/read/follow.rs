@@ -64,10 +64,51 @@ impl Known {
     }
 }
 
+/// Where a followed build is seen from: its own folder, or (`read::remote`) a local copy of
+/// the tokshuf.json and manifest.jsonl of a cache being built in an object store.
+pub trait Watch: Send + Sync {
+    /// The folder holding tokshuf.json and manifest.jsonl (or copies of them).
+    fn root(&self) -> &Path;
+    /// Bring the copies up to date (a local build: nothing to do).
+    fn sync(&self) -> Result<()>;
+    /// Is the build running?
+    fn state(&self) -> BuildState;
+    /// Can chunk `c` (`entry`) be read now?
+    fn shard_ready(&self, cache: &Cache, c: u64, entry: &ChunkEntry) -> Result<bool>;
+    /// The build's output, for messages.
+    fn name(&self) -> String;
+}
+
+/// A build writing into a local folder: its files are read where they are, and its build lock
+/// (`format::lock`) tells whether it runs.
+pub struct LocalWatch(pub PathBuf);
+
+impl Watch for LocalWatch {
+    fn root(&self) -> &Path {
+        &self.0
+    }
+    fn sync(&self) -> Result<()> {
+        Ok(())
+    }
+    fn state(&self) -> BuildState {
+        lock::build_state(&self.0)
+    }
+    /// Shards appear by rename with their final bytes: one that exists must pass the checks.
+    fn shard_ready(&self, cache: &Cache, c: u64, entry: &ChunkEntry) -> Result<bool> {
+        if !shard_path(&cache.root, c).exists() {
+            return Ok(false);
+        }
+        cache.check_chunk(c, entry)?;
+        Ok(true)
+    }
+    fn name(&self) -> String {
+        self.0.display().to_string()
+    }
+}
+
 /// The follow-mode state of a `Cache` opened on an unfinished build.
-#[derive(Debug)]
 pub struct Follow {
-    root: PathBuf,
+    watch: Arc<dyn Watch>,
     timeout: Option<Duration>,
     chunk_size: u64,
     /// tokshuf.json fields that must never change during the build.
@@ -101,7 +142,7 @@ fn plan_sizes(path: &Path, meta: &CacheMeta) -> Result<Vec<u64>> {
 
 /// Wait for `attempt` to give a value: see the module notes. `what` names it in errors.
 fn wait_for<T>(
-    root: &Path,
+    watch: &dyn Watch,
     timeout: Option<Duration>,
     cancel: &AtomicBool,
     what: &dyn Fn() -> String,
@@ -116,14 +157,14 @@ fn wait_for<T>(
         if cancel.load(Ordering::Relaxed) {
             return Err(Error::Interrupted);
         }
-        if lock::build_state(root) == BuildState::NotRunning {
+        if watch.state() == BuildState::NotRunning {
             // The build may have finished between our look and the lock test: look again.
             if let Some(v) = attempt()? {
                 return Ok(v);
             }
             return Err(Error::BuildNotRunning(format!(
                 "{}: waiting for {}, but the build is not running and the cache is not complete; resume it by running the same build command again",
-                root.display(),
+                watch.name(),
                 what()
             )));
         }
@@ -131,7 +172,7 @@ fn wait_for<T>(
             if t0.elapsed() >= t {
                 return Err(Error::FollowTimeout(format!(
                     "{}: waited {:.1}s for {} (the build is running; pass a longer timeout)",
-                    root.display(),
+                    watch.name(),
                     t.as_secs_f64(),
                     what()
                 )));
@@ -149,7 +190,7 @@ impl Follow {
         what: &dyn Fn() -> String,
         attempt: &mut dyn FnMut(&Follow) -> Result<Option<T>>,
     ) -> Result<T> {
-        wait_for(&self.root, self.timeout, cancel, what, &mut || attempt(self))
+        wait_for(&*self.watch, self.timeout, cancel, what, &mut || attempt(self))
     }
 
     fn lock_known(&self) -> std::sync::MutexGuard<'_, Known> {
@@ -179,8 +220,10 @@ impl Follow {
         if complete {
             return Ok(());
         }
-        let meta_path = self.root.join(META_NAME);
-        let meta = cache::read_meta(&self.root, false)?;
+        self.watch.sync()?;
+        let root = self.watch.root();
+        let meta_path = root.join(META_NAME);
+        let meta = cache::read_meta(root, false)?;
         if ident(&meta) != self.ident {
             return Err(Error::corrupt(&meta_path, "changed while following the build (another build into the same folder?)"));
         }
@@ -191,7 +234,7 @@ impl Follow {
         if planned && !plan_final {
             plan = Some(plan_sizes(&meta_path, &meta)?);
         } else if !planned && meta.status == Status::Streaming {
-            let mpath = self.root.join(MANIFEST_NAME);
+            let mpath = root.join(MANIFEST_NAME);
             let mut text = Vec::new();
             match File::open(&mpath) {
                 Ok(mut f) => {
@@ -270,11 +313,9 @@ impl Growing for Follow {
                 f.refresh()?;
             }
             let Some(entry) = cache.entry(c) else { return Ok(None) };
-            if !shard_path(&cache.root, c).exists() {
+            if !f.watch.shard_ready(cache, c, &entry)? {
                 return Ok(None);
             }
-            // Shards appear by rename with their final bytes: one that exists must pass.
-            cache.check_chunk(c, &entry)?;
             f.set_ready(c);
             Ok(Some(()))
         })
@@ -305,18 +346,36 @@ pub fn timeout(seconds: Option<f64>) -> Result<Option<Duration>> {
 /// Open `root` for reading while its build runs. A complete cache opens as usual; a shuffled
 /// build waits for its chunk plan; a streaming one opens at once.
 pub fn open(root: &Path, check_files: bool, timeout: Option<Duration>, cancel: &AtomicBool) -> Result<Cache> {
+    match open_watched(Arc::new(LocalWatch(root.to_path_buf())), timeout, cancel)? {
+        Opened::Following(cache) => Ok(*cache),
+        Opened::Complete => Cache::open_with(root, check_files),
+    }
+}
+
+/// What `open_watched` found.
+pub enum Opened {
+    /// The build is running (or stopped unfinished): the cache, following it.
+    Following(Box<Cache>),
+    /// The cache is complete: open it as usual.
+    Complete,
+}
+
+/// Open the build `watch` sees, waiting for its tokshuf.json (and, shuffled, its plan).
+pub fn open_watched(watch: Arc<dyn Watch>, timeout: Option<Duration>, cancel: &AtomicBool) -> Result<Opened> {
+    let root = watch.root().to_path_buf();
     let meta_path = root.join(META_NAME);
-    let meta = wait_for(root, timeout, cancel, &|| format!("{}", meta_path.display()), &mut || {
+    let meta = wait_for(&*watch, timeout, cancel, &|| META_NAME.to_string(), &mut || {
+        watch.sync()?;
         if !meta_path.exists() {
             return Ok(None);
         }
-        cache::read_meta(root, false).map(Some)
+        cache::read_meta(&root, false).map(Some)
     })?;
     if meta.status == Status::Complete {
-        return Cache::open_with(root, check_files);
+        return Ok(Opened::Complete);
     }
     let follow = Follow {
-        root: root.to_path_buf(),
+        watch,
         timeout,
         chunk_size: meta.chunk_size,
         ident: ident(&meta),
@@ -337,9 +396,9 @@ pub fn open(root: &Path, check_files: bool, timeout: Option<Duration>, cancel: &
     let plan_final = !chunks.is_empty() || follow.lock_known().plan_final;
     if follow.lock_known().complete {
         // Finished meanwhile: the usual open checks everything.
-        return Cache::open_with(root, check_files);
+        return Ok(Opened::Complete);
     }
-    Ok(Cache::from_parts(root, meta, chunks, None, Some((Arc::new(follow), plan_final))))
+    Ok(Opened::Following(Box::new(Cache::from_parts(&root, meta, chunks, None, Some((Arc::new(follow), plan_final))))))
 }
 
 /// Per-stream prefix sums over the chunks known so far (endless order while streaming).

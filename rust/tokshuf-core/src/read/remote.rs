@@ -2,25 +2,73 @@
 //! manifest.jsonl are fetched into a local folder named by the URL and the manifest, and the
 //! cache is opened there with a `ShardCache` that brings whole shards in before they are
 //! mapped, checked against the manifest (size, and sha256 when it has one), within a budget.
+//!
+//! Following a build into a store (`open_remote_follow`): the folder is named by the URL and
+//! the recipe, and holds copies of tokshuf.json and of the manifest's complete lines, brought up
+//! to date as the reader waits (`RemoteWatch`); the follow logic (`read::follow`) reads those
+//! copies as it reads a local build's files. A chunk can be read once its manifest line is
+//! listed (the builder lists a chunk only after its shard is uploaded, and the line gives the
+//! size and sha256 the download is checked against). Whether the build runs is its lease's
+//! business (`storage::lease`).
 
-use std::path::Path;
-use std::sync::Arc;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::cache::Cache;
+use super::cache::{Cache, ChunkEntry};
+use super::follow::{self, Opened, Watch};
 use super::reader::BatchSpec;
 use crate::error::{Error, Result};
-use crate::format::{shard_stem, MANIFEST_NAME, META_NAME};
+use crate::format::lock::BuildState;
+use crate::format::{shard_stem, LOCK_NAME, MANIFEST_NAME, META_NAME};
 use crate::storage::shard_cache::{cache_dir_for, ShardCache, Want};
-use crate::storage::{self, Location};
+use crate::storage::{self, lease, Location};
 
-/// The shard `c` as the manifest line `line` describes it.
-fn want(c: u64, line: &Value, bytes: Option<u64>) -> Want {
-    Want {
-        name: format!("{}.tar", shard_stem(c)),
-        size: bytes.unwrap_or(0),
-        sha256: line.get("sha256").and_then(Value::as_str).map(str::to_string),
+/// The shards of a remote cache: the local shard cache, and each chunk's shard as its
+/// manifest line describes it (lines are added as they are listed while following a build).
+pub struct RemoteShards {
+    pub cache: ShardCache,
+    wants: RwLock<Vec<Want>>,
+}
+
+impl RemoteShards {
+    fn new(cache: ShardCache) -> Self {
+        RemoteShards { cache, wants: RwLock::new(Vec::new()) }
+    }
+
+    /// Chunk `c`'s shard, once its manifest line is known.
+    pub fn want(&self, c: u64) -> Option<Want> {
+        self.wants.read().unwrap_or_else(|e| e.into_inner()).get(c as usize).cloned()
+    }
+
+    /// Add the manifest lines `text` (complete lines, the next chunks in order).
+    fn add_lines(&self, text: &[u8], what: &Path) -> Result<()> {
+        let mut wants = self.wants.write().unwrap_or_else(|e| e.into_inner());
+        for line in text.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            let c = wants.len() as u64;
+            let v: Value = serde_json::from_slice(line).map_err(|e| Error::corrupt(what, format!("line {}: {e}", c + 1)))?;
+            let Some(size) = v.get("bytes").and_then(Value::as_u64) else {
+                return Err(Error::corrupt(
+                    what,
+                    format!("line {}: a remote cache needs each shard's size (`bytes`) in its manifest", c + 1),
+                ));
+            };
+            let sha256 = v.get("sha256").and_then(Value::as_str).map(str::to_string);
+            wants.push(Want { name: format!("{}.tar", shard_stem(c)), size, sha256 });
+        }
+        Ok(())
+    }
+}
+
+/// A small object's bytes, or None when there is none.
+fn fetch(loc: &Location) -> Result<Option<Vec<u8>>> {
+    match storage::stat(loc)? {
+        None => Ok(None),
+        Some(n) => storage::get_range(loc, 0..n).map(Some),
     }
 }
 
@@ -28,33 +76,157 @@ fn want(c: u64, line: &Value, bytes: Option<u64>) -> Want {
 /// and downloading up to `parallel` shards at once.
 pub fn open_remote(url: &str, cache_dir: &Path, limit: u64, parallel: usize) -> Result<Cache> {
     let root = Location::parse(url.trim_end_matches('/'))?;
-    let fetch = |name: &str| -> Result<Vec<u8>> {
+    let need = |name: &str| -> Result<Vec<u8>> {
         let loc = root.join(name);
-        let n = storage::head(&loc)?;
-        storage::get_range(&loc, 0..n)
+        fetch(&loc)?.ok_or_else(|| Error::io(PathBuf::from(loc.to_string()), std::io::Error::from(std::io::ErrorKind::NotFound)))
     };
-    let manifest = fetch(MANIFEST_NAME)?;
-    let meta = fetch(META_NAME)?;
+    let manifest = need(MANIFEST_NAME)?;
+    let meta = need(META_NAME)?;
     let dir = cache_dir_for(cache_dir, &root.to_string(), &manifest);
     std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
     crate::format::write_atomic(&dir.join(MANIFEST_NAME), &manifest)?;
     crate::format::write_atomic(&dir.join(META_NAME), &meta)?;
     let mut cache = Cache::open_with(&dir, false)?;
-    let mut wants = Vec::with_capacity(cache.chunks.len());
-    for (c, line) in manifest.split(|b| *b == b'\n').filter(|l| !l.is_empty()).enumerate() {
-        let v: Value = serde_json::from_slice(line).unwrap_or(Value::Null);
-        let entry = cache.chunks.get(c).copied();
-        let Some(bytes) = entry.and_then(|e| e.bytes) else {
-            return Err(Error::corrupt(
-                dir.join(MANIFEST_NAME),
-                format!("line {}: a remote cache needs each shard's size (`bytes`) in its manifest", c + 1),
-            ));
-        };
-        wants.push(want(c as u64, &v, Some(bytes)));
-    }
-    let shards = ShardCache::new(root, dir, limit, parallel)?;
-    cache.attach_remote(Arc::new(shards), wants);
+    let shards = RemoteShards::new(ShardCache::new(root, dir.clone(), limit, parallel)?);
+    shards.add_lines(&manifest, &dir.join(MANIFEST_NAME))?;
+    cache.attach_remote(Arc::new(shards));
     Ok(cache)
+}
+
+/// Least time between two looks at the store while waiting (each is a few requests).
+const SYNC_EVERY: Duration = Duration::from_millis(200);
+/// Least time between two looks at the build's lease.
+const LEASE_EVERY: Duration = Duration::from_secs(1);
+
+/// A build into an object store, seen through local copies of its tokshuf.json and manifest.
+struct RemoteWatch {
+    url: Location,
+    mirror: PathBuf,
+    shards: Arc<RemoteShards>,
+    synced: Mutex<Synced>,
+}
+
+#[derive(Default)]
+struct Synced {
+    /// Bytes of the remote manifest copied (complete lines).
+    manifest_off: u64,
+    last: Option<Instant>,
+    lease: Option<(Instant, BuildState)>,
+}
+
+impl RemoteWatch {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Synced> {
+        self.synced.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Watch for RemoteWatch {
+    fn root(&self) -> &Path {
+        &self.mirror
+    }
+
+    fn sync(&self) -> Result<()> {
+        let mut st = self.lock();
+        if st.last.is_some_and(|t| t.elapsed() < SYNC_EVERY) {
+            return Ok(());
+        }
+        st.last = Some(Instant::now());
+        // tokshuf.json first: if it says complete, the manifest read after it is the final one
+        // (the builder writes the manifest, then tokshuf.json "complete").
+        let Some(meta) = fetch(&self.url.join(META_NAME))? else { return Ok(()) };
+        let mloc = self.url.join(MANIFEST_NAME);
+        if let Some(n) = storage::stat(&mloc)?.filter(|&n| n > st.manifest_off) {
+            let text = storage::get_range(&mloc, st.manifest_off..n)?;
+            let end = text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+            if end > 0 {
+                let path = self.mirror.join(MANIFEST_NAME);
+                let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&path).map_err(|e| Error::io(&path, e))?;
+                f.write_all(&text[..end]).map_err(|e| Error::io(&path, e))?;
+                self.shards.add_lines(&text[..end], &path)?;
+                st.manifest_off += end as u64;
+            }
+        }
+        crate::format::write_atomic(&self.mirror.join(META_NAME), &meta)
+    }
+
+    fn state(&self) -> BuildState {
+        let mut st = self.lock();
+        match st.lease {
+            Some((t, s)) if t.elapsed() < LEASE_EVERY => s,
+            _ => {
+                let s = lease::state(&self.url.join(LOCK_NAME));
+                st.lease = Some((Instant::now(), s));
+                s
+            }
+        }
+    }
+
+    fn shard_ready(&self, _cache: &Cache, c: u64, _entry: &ChunkEntry) -> Result<bool> {
+        if self.shards.want(c).is_none() {
+            self.sync()?;
+        }
+        Ok(self.shards.want(c).is_some())
+    }
+
+    fn name(&self) -> String {
+        self.url.to_string()
+    }
+}
+
+/// Open the cache at `url` while it is being built (`Cache(url, follow=True)`): waits for its
+/// tokshuf.json (and, shuffled, its chunk plan) as `read::follow::open` does for a folder. A
+/// complete cache opens as `open_remote` does.
+pub fn open_remote_follow(
+    url: &str,
+    cache_dir: &Path,
+    limit: u64,
+    parallel: usize,
+    timeout: Option<Duration>,
+    cancel: &AtomicBool,
+) -> Result<Cache> {
+    let root = Location::parse(url.trim_end_matches('/'))?;
+    // The local folder is named by the recipe, known once tokshuf.json is there: shards of
+    // another build at the same URL are never mistaken for this one's.
+    let meta = wait_for_meta(&root, timeout, cancel)?;
+    let recipe: Value = serde_json::from_slice::<Value>(&meta).map(|v| v["recipe"].clone()).unwrap_or(Value::Null);
+    let dir = cache_dir_for(cache_dir, &root.to_string(), format!("following {recipe}").as_bytes());
+    std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+    // Copies from an earlier follow of the same build are rebuilt from the start.
+    let _ = std::fs::remove_file(dir.join(MANIFEST_NAME));
+    let shards = Arc::new(RemoteShards::new(ShardCache::new(root.clone(), dir.clone(), limit, parallel)?));
+    let watch = RemoteWatch { url: root, mirror: dir, shards: shards.clone(), synced: Mutex::new(Synced::default()) };
+    match follow::open_watched(Arc::new(watch), timeout, cancel)? {
+        Opened::Complete => open_remote(url, cache_dir, limit, parallel),
+        Opened::Following(mut cache) => {
+            cache.attach_remote(shards);
+            Ok(*cache)
+        }
+    }
+}
+
+/// tokshuf.json of the build at `root`, waiting for it to appear.
+fn wait_for_meta(root: &Location, timeout: Option<Duration>, cancel: &AtomicBool) -> Result<Vec<u8>> {
+    let t0 = Instant::now();
+    loop {
+        if let Some(meta) = fetch(&root.join(META_NAME))? {
+            return Ok(meta);
+        }
+        if cancel.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(Error::Interrupted);
+        }
+        if lease::state(&root.join(LOCK_NAME)) == BuildState::NotRunning {
+            return Err(Error::BuildNotRunning(format!(
+                "{root}: waiting for {META_NAME}, but the build is not running; resume it by running the same build command again"
+            )));
+        }
+        if timeout.is_some_and(|t| t0.elapsed() >= t) {
+            return Err(Error::FollowTimeout(format!(
+                "{root}: waited {:.1}s for {META_NAME} (pass a longer timeout)",
+                timeout.map_or(0.0, |t| t.as_secs_f64())
+            )));
+        }
+        std::thread::sleep(SYNC_EVERY);
+    }
 }
 
 /// Examples of this rank looked at ahead, and distinct shards asked for, per call.
@@ -77,6 +249,9 @@ pub fn prefetch_ahead(spec: &BatchSpec, first: u64) {
             break;
         }
         let l = spec.source.locate(i);
+        if l.chunk == u64::MAX {
+            break; // following a build: not known yet
+        }
         if seen.insert((l.component, l.chunk)) {
             if let Some(o) = order.get_mut(l.component) {
                 o.push(l.chunk);

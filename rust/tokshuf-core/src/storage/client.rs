@@ -148,6 +148,17 @@ fn build(url: &RemoteUrl, s: &Settings) -> Result<Client> {
         .with_timeout_disabled()
         .with_read_timeout(s.timeout)
         .with_connect_timeout(s.timeout.min(Duration::from_secs(10)));
+    // The client options given here replace those the builders read from the environment,
+    // so the store's own ALLOW_HTTP variable is read here.
+    let allow_http = |var: &str| std::env::var(var).is_ok_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes"));
+    let var = match url.scheme {
+        Scheme::S3 => "AWS_ALLOW_HTTP",
+        Scheme::Gcs => "GOOGLE_ALLOW_HTTP",
+        Scheme::Azure => "AZURE_ALLOW_HTTP",
+    };
+    if allow_http(var) {
+        options = options.with_allow_http(true);
+    }
     let fail = |e: object_store::Error| Error::Config(super::redact(&format!("{url}: cannot configure the object store client: {e}")));
     let (store, multipart): (Arc<dyn ObjectStore>, Arc<dyn MultipartStore>) = match url.scheme {
         Scheme::S3 => {

@@ -11,6 +11,7 @@
 //! (docs/storage.md). Secrets never reach an error message: `redact` removes them.
 
 pub mod client;
+pub mod lease;
 pub mod location;
 pub mod publish;
 pub mod read;
@@ -45,9 +46,12 @@ fn obj_path(url: &RemoteUrl) -> Result<ObjPath> {
 }
 
 /// True when retrying the whole request may help: a failure on the wire (connection reset,
-/// timeout, reply cut short) that the client did not retry itself. It retries the store's
-/// retryable answers (5xx, throttling) and most wire failures already, and says so in its
-/// message ("after N retries"); retrying those again here would multiply the tries.
+/// timeout, reply cut short) that the client did not retry to the end itself. It retries the
+/// store's retryable answers (5xx, throttling) and most wire failures already, and says so in
+/// its message ("after N retries, max_retries: M"); retrying those again here would multiply
+/// the tries. It stops early on some (a reply body cut short after a POST, which it cannot
+/// tell from a request that took effect): every request tokshuf makes is idempotent (reads,
+/// whole-object writes, deletes), so those are retried here.
 pub(crate) fn is_transient(e: &object_store::Error) -> bool {
     let object_store::Error::Generic { .. } = e else { return false };
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
@@ -56,7 +60,15 @@ pub(crate) fn is_transient(e: &object_store::Error) -> bool {
         wire |= err.downcast_ref::<object_store::client::HttpError>().is_some();
         cur = err.source();
     }
-    wire && !e.to_string().contains(" retries, max_retries: ")
+    wire && !retried_to_the_end(&e.to_string())
+}
+
+/// The client's message says it used every retry it had ("after 4 retries, max_retries: 4").
+fn retried_to_the_end(msg: &str) -> bool {
+    let Some((before, after)) = msg.split_once(" retries, max_retries: ") else { return false };
+    let done = before.rsplit(' ').next().and_then(|n| n.parse::<usize>().ok());
+    let max = after.split(|c: char| !c.is_ascii_digit()).next().and_then(|n| n.parse::<usize>().ok());
+    matches!((done, max), (Some(d), Some(m)) if d >= m)
 }
 
 /// The tokshuf error for a store's answer: a missing object is "not found", refused
@@ -334,7 +346,7 @@ pub fn put_file(local: &Path, dest: &Location) -> Result<()> {
             if let Some(parent) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
                 std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
             }
-            let tmp = tmp_name(p);
+            let tmp = crate::format::tmp_name(p);
             std::fs::copy(local, &tmp).map_err(|e| Error::io(&tmp, e))?;
             File::open(&tmp).and_then(|f| f.sync_all()).map_err(|e| Error::io(&tmp, e))?;
             std::fs::rename(&tmp, p).map_err(|e| Error::io(p, e))
@@ -343,10 +355,18 @@ pub fn put_file(local: &Path, dest: &Location) -> Result<()> {
     }
 }
 
-fn tmp_name(p: &Path) -> PathBuf {
-    let mut name = p.file_name().map(|n| n.to_os_string()).unwrap_or_default();
-    name.push(format!(".tmp.{}", std::process::id()));
-    p.with_file_name(name)
+/// Write `data` as the whole object (or file) `dest`, replacing any: readers see the old
+/// bytes or the new ones, never a part.
+pub fn put_bytes(data: Vec<u8>, dest: &Location) -> Result<()> {
+    match dest {
+        Location::Local(p) => {
+            if let Some(parent) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+            }
+            crate::format::write_atomic(p, &data)
+        }
+        Location::Remote(u) => upload::put_bytes(&client(u)?, data, obj_path(u)?, &u.to_string()),
+    }
 }
 
 /// Remove a file or object; one already gone is not an error.
@@ -406,5 +426,16 @@ pub fn decoder(name: &str, inner: Box<dyn Read + Send>) -> Result<Box<dyn Read +
         Ok(Box::new(dec))
     } else {
         Ok(inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn retries_used_up_are_told_from_retries_cut_short() {
+        use super::retried_to_the_end as end;
+        assert!(end("Error performing PUT http://h/k in 5s, after 4 retries, max_retries: 4, retry_timeout: 180s - x"));
+        assert!(!end("Error performing POST http://h/b?delete in 25ms, after 1 retries, max_retries: 4, retry_timeout: 180s"));
+        assert!(!end("connection reset"));
     }
 }

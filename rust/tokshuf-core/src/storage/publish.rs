@@ -1,14 +1,17 @@
-//! Publishing a cache built on local disk to an object store (DESIGN.md section 10): the
-//! shards as whole objects, then manifest.jsonl, then tokshuf.json with status `complete`
-//! last, so a reader never sees a cache that claims to be complete before every part is there.
+//! Publishing a cache built on local disk to an object store (DESIGN.md section 10):
+//! tokshuf.json with status `writing` (the chunk plan), the shards as whole objects with the
+//! manifest's prefix uploaded now and then (what a reader following the build may read), the
+//! whole manifest, then tokshuf.json with status `complete` last, so a reader never sees a
+//! cache that claims to be complete before every part is there.
 //! Run again after a failure, it uploads only what is missing: a shard already in the store
 //! with the manifest's size is a finished upload (uploads are whole objects), and is skipped.
 
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::{put_file, stat, Location};
+use super::{put_bytes, put_file, stat, Location};
 use crate::error::{Error, Result};
 
 const META: &str = "tokshuf.json";
@@ -68,17 +71,16 @@ pub fn publish(local: &Path, dest: &Location, overwrite: bool) -> Result<Publish
             return Ok(Published { uploaded: Vec::new(), skipped: shards });
         }
     }
-    // Say "building" first: a reader that finds the cache now waits (follow) or refuses it.
-    let mut building = meta.clone();
-    building["status"] = Value::from("building");
-    let tmp = tempfile_in(local, "tokshuf.json.building")?;
-    std::fs::write(&tmp, serde_json::to_vec_pretty(&building).unwrap_or_default()).map_err(|e| Error::io(&tmp, e))?;
-    let put = put_file(&tmp, &remote_meta);
-    let _ = std::fs::remove_file(&tmp);
-    put?;
+    // Say "writing" first, with the chunk plan: a reader that finds the cache now refuses it,
+    // or (follow mode) reads each shard once the manifest lists it.
+    let mut writing = meta.clone();
+    writing["status"] = Value::from("writing");
+    put_bytes(serde_json::to_vec_pretty(&writing).unwrap_or_default(), &remote_meta)?;
 
     let mut out = Published::default();
-    for name in &shards {
+    let lines: Vec<&str> = manifest.lines().collect();
+    let mut last = Instant::now();
+    for (i, name) in shards.iter().enumerate() {
         let src = local.join(name);
         let size = std::fs::metadata(&src).map_err(|e| Error::io(&src, e))?.len();
         let target = dest.join(name);
@@ -88,11 +90,20 @@ pub fn publish(local: &Path, dest: &Location, overwrite: bool) -> Result<Publish
         } else {
             out.skipped.push(name.clone());
         }
+        // The manifest's prefix, now and then: the lines of the shards in the store.
+        if last.elapsed() >= LIST_EVERY && i + 1 < shards.len() {
+            let prefix: String = lines[..=i].iter().map(|l| format!("{l}\n")).collect();
+            put_bytes(prefix.into_bytes(), &dest.join(MANIFEST))?;
+            last = Instant::now();
+        }
     }
     put_file(&manifest_path, &dest.join(MANIFEST))?;
     put_file(&meta_path, &remote_meta)?;
     Ok(out)
 }
+
+/// Least time between two uploads of the manifest's prefix while shards go up.
+const LIST_EVERY: Duration = Duration::from_secs(1);
 
 /// A small object's bytes, or `None` when there is none.
 fn fetch_small(loc: &Location) -> Result<Option<Vec<u8>>> {
@@ -100,10 +111,6 @@ fn fetch_small(loc: &Location) -> Result<Option<Vec<u8>>> {
         None => Ok(None),
         Some(n) => super::get_range(loc, 0..n).map(Some),
     }
-}
-
-fn tempfile_in(dir: &Path, name: &str) -> Result<std::path::PathBuf> {
-    Ok(dir.join(format!(".{name}.{}", std::process::id())))
 }
 
 #[cfg(test)]

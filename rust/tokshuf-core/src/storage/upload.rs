@@ -15,6 +15,23 @@ use super::client::{runtime, Client};
 use super::retrying;
 use crate::error::{Error, Result};
 
+/// `data` as one whole object: one PUT when it fits a part, else a multipart upload from a
+/// temporary file.
+pub(super) fn put_bytes(client: &Client, data: Vec<u8>, path: ObjPath, url: &str) -> Result<()> {
+    if data.len() > client.settings.part_size {
+        let tmp = tempfile::NamedTempFile::new().map_err(|e| Error::io(std::env::temp_dir(), e))?;
+        std::fs::write(tmp.path(), &data).map_err(|e| Error::io(tmp.path(), e))?;
+        return put_file(client, tmp.path(), path, url);
+    }
+    let rt = runtime()?;
+    let payload = PutPayload::from(Bytes::from(data));
+    let store = client.store.clone();
+    rt.block_on(retrying(client.settings.clone(), url.to_string(), "upload".into(), move || {
+        let (store, p, payload) = (store.clone(), path.clone(), payload.clone());
+        async move { store.put(&p, payload).await.map(|_| ()) }
+    }))
+}
+
 pub(super) fn put_file(client: &Client, local: &Path, path: ObjPath, url: &str) -> Result<()> {
     let rt = runtime()?;
     let mut file = File::open(local).map_err(|e| Error::io(local, e))?;
