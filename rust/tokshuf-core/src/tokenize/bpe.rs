@@ -27,6 +27,14 @@ impl TokenList {
         self.spans.iter().map(|&(a, b, r)| (&self.bytes[a as usize..b as usize], r))
     }
 
+    pub fn len(&self) -> usize {
+        self.spans.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.spans.is_empty()
+    }
+
     pub fn max_rank(&self) -> Option<u32> {
         self.spans.iter().map(|s| s.2).max()
     }
@@ -184,62 +192,70 @@ impl BytePairEncoder {
         }
     }
 
-    /// Same merges as `merge_scan` in O(n log n): symbols form a linked list over byte
-    /// offsets, candidate pairs sit in a min-heap keyed by `rank << 32 | start` (so the lowest
-    /// rank wins, leftmost first), and a popped candidate is stale unless `pair_rank[start]`
-    /// still holds its rank. That check is exact: the pair starting at a symbol only ever
-    /// grows, and a rank names one byte string, so a rank seen again means the same pair.
-    /// One `u64` per entry keeps the heap small; on a 1 MB piece the heap, not the hashing,
-    /// is the cost, and its cache misses grow with its size.
     fn merge_heap(&self, piece: &[u8], out: &mut Vec<u32>) {
-        let n = piece.len();
-        debug_assert!(n < u32::MAX as usize); // pieces come from one document line
-        const NONE: u32 = u32::MAX;
-        let mut next: Vec<u32> = (1..=n as u32).collect();
-        let mut prev: Vec<u32> = (0..n as u32).map(|i| if i == 0 { NONE } else { i - 1 }).collect();
-        let mut pair_rank: Vec<u32> = vec![NONE; n];
-        let mut initial = Vec::with_capacity(n);
-        for i in 0..n - 1 {
-            if let Some(r) = self.rank(&piece[i..i + 2]) {
-                pair_rank[i] = r;
-                initial.push(Reverse(((r as u64) << 32) | i as u64));
+        merge_heap(piece, &self.byte_ranks, |bytes| self.rank(bytes), out);
+    }
+}
+
+/// tiktoken's merge (lowest rank of the merged bytes, leftmost first) in O(n log n), for
+/// any table of ranks: `rank` of a byte string that is a token, `byte_ids` of each byte
+/// (the ids of tiktoken's tokens are their ranks). Symbols form a linked list over byte
+/// offsets, candidate pairs sit in a min-heap keyed by `rank << 32 | start` (so the lowest
+/// rank wins, leftmost first), and a popped candidate is stale unless `pair_rank[start]`
+/// still holds its rank. That check is exact: the pair starting at a symbol only ever
+/// grows, and a rank names one byte string, so a rank seen again means the same pair. One
+/// `u64` per entry keeps the heap small; on a 1 MB piece the heap, not the lookups, is the
+/// cost, and its cache misses grow with its size.
+pub(crate) fn merge_heap(piece: &[u8], byte_ids: &[u32; 256], rank: impl Fn(&[u8]) -> Option<u32>, out: &mut Vec<u32>) {
+    let n = piece.len();
+    debug_assert!(n < u32::MAX as usize); // pieces come from one document line
+    const NONE: u32 = u32::MAX;
+    let mut next: Vec<u32> = (1..=n as u32).collect();
+    let mut prev: Vec<u32> = (0..n as u32).map(|i| if i == 0 { NONE } else { i - 1 }).collect();
+    // The id of the symbol starting at each offset, and the rank of the pair starting there.
+    let mut sym: Vec<u32> = piece.iter().map(|&b| byte_ids[b as usize]).collect();
+    let mut pair_rank: Vec<u32> = vec![NONE; n];
+    let mut initial = Vec::with_capacity(n);
+    for i in 0..n.saturating_sub(1) {
+        if let Some(r) = rank(&piece[i..i + 2]) {
+            pair_rank[i] = r;
+            initial.push(Reverse(((r as u64) << 32) | i as u64));
+        }
+    }
+    let mut heap = BinaryHeap::from(initial);
+    while let Some(Reverse(key)) = heap.pop() {
+        let (r, s) = ((key >> 32) as u32, (key & 0xFFFF_FFFF) as usize);
+        if pair_rank[s] != r {
+            continue;
+        }
+        // Merge the symbol at s with its right neighbour [m, e).
+        let m = next[s] as usize;
+        let e = next[m] as usize;
+        next[s] = e as u32;
+        sym[s] = r;
+        pair_rank[m] = NONE;
+        pair_rank[s] = NONE;
+        if e < n {
+            prev[e] = s as u32;
+            if let Some(r) = rank(&piece[s..next[e] as usize]) {
+                pair_rank[s] = r;
+                heap.push(Reverse(((r as u64) << 32) | s as u64));
             }
         }
-        let mut heap = BinaryHeap::from(initial);
-        while let Some(Reverse(key)) = heap.pop() {
-            let (r, s) = ((key >> 32) as u32, (key & 0xFFFF_FFFF) as usize);
-            if pair_rank[s] != r {
-                continue;
-            }
-            // Merge the symbol at s with its right neighbour [m, e).
-            let m = next[s] as usize;
-            let e = next[m] as usize;
-            next[s] = e as u32;
-            pair_rank[m] = NONE;
-            pair_rank[s] = NONE;
-            if e < n {
-                prev[e] = s as u32;
-                if let Some(r) = self.rank(&piece[s..next[e] as usize]) {
-                    pair_rank[s] = r;
-                    heap.push(Reverse(((r as u64) << 32) | s as u64));
-                }
-            }
-            let p = prev[s];
-            if p != NONE {
-                let p = p as usize;
-                pair_rank[p] = NONE;
-                if let Some(r) = self.rank(&piece[p..e]) {
-                    pair_rank[p] = r;
-                    heap.push(Reverse(((r as u64) << 32) | p as u64));
-                }
+        let p = prev[s];
+        if p != NONE {
+            let p = p as usize;
+            pair_rank[p] = NONE;
+            if let Some(r) = rank(&piece[p..e]) {
+                pair_rank[p] = r;
+                heap.push(Reverse(((r as u64) << 32) | p as u64));
             }
         }
-        let mut s = 0;
-        while s < n {
-            let e = next[s] as usize;
-            out.push(self.token(&piece[s..e]));
-            s = e;
-        }
+    }
+    let mut s = 0;
+    while s < n {
+        out.push(sym[s]);
+        s = next[s] as usize;
     }
 }
 

@@ -51,6 +51,8 @@ use crate::tokenize::encoder::Encoder;
 use crate::tokenize::hfbpe::MergeBpe;
 use crate::tokenize::piece_cache::{Lookahead, PieceCache};
 use crate::tokenize::pretok::{self, CharClasses, Engine, Pattern, PreTokenizer};
+use crate::tokenize::rank_bpe::RankBpe;
+use crate::tokenize::token_table::TokenTable;
 
 /// Slots of each thread's memo: 2^18 x 32 bytes = 8 MiB per thread and tokenizer, allocated
 /// when the thread first encodes with it. On the 100 MB subset, 2^16 slots missed 5.6 % of pieces and 2^18
@@ -123,6 +125,32 @@ fn may_change_under_nfc(text: &str, classes: &CharClasses) -> bool {
     text[first..].chars().any(|c| (c as u32) >= 0x300 && classes.get(c as u32) & pretok::NFC_SAFE == 0)
 }
 
+/// How pieces the memo does not hold are merged.
+enum Model {
+    /// tokenizer.json: the merge list, ranks of pairs of ids.
+    Merges(MergeBpe),
+    /// tiktoken: ranks of the merged bytes.
+    Ranks(RankBpe),
+}
+
+impl Model {
+    #[inline]
+    fn encode_piece(&self, piece: &[u8], out: &mut Vec<u32>) {
+        match self {
+            Model::Merges(m) => m.encode_piece(piece, out),
+            Model::Ranks(r) => r.encode_piece(piece, out),
+        }
+    }
+
+    /// The short pieces that are a token of their own, where `encode_piece` looks first.
+    fn short_tokens(&self) -> Option<&TokenTable> {
+        match self {
+            Model::Merges(m) => m.short_tokens(),
+            Model::Ranks(r) => Some(r.short_tokens()),
+        }
+    }
+}
+
 struct ThreadState {
     uid: u64,
     cache: PieceCache,
@@ -144,7 +172,7 @@ pub struct JsonParts {
 pub struct FastEncoder {
     uid: u64,
     pretok: PreTokenizer,
-    model: MergeBpe,
+    model: Model,
     nfc: bool,
     raw_added: Option<Matcher>,
     normalized_added: Option<Matcher>,
@@ -158,7 +186,7 @@ impl FastEncoder {
         Ok(FastEncoder {
             uid: NEXT_UID.fetch_add(1, Ordering::Relaxed),
             pretok: PreTokenizer::new(p).map_err(|e| e.to_string())?,
-            model: MergeBpe::from_tiktoken(list)?,
+            model: Model::Ranks(RankBpe::new(list)?),
             nfc: false,
             raw_added: None,
             normalized_added: None,
@@ -218,7 +246,15 @@ impl FastEncoder {
         // on the whole text.
         let raw_added = if raw.iter().all(|&(_, _, skip)| skip) { None } else { Matcher::build(raw)? };
         let normalized_added = if normalized.iter().all(|&(_, _, skip)| skip) { None } else { Matcher::build(normalized)? };
-        Ok(FastEncoder { uid: NEXT_UID.fetch_add(1, Ordering::Relaxed), pretok, model, nfc, raw_added, normalized_added, reference })
+        Ok(FastEncoder {
+            uid: NEXT_UID.fetch_add(1, Ordering::Relaxed),
+            pretok,
+            model: Model::Merges(model),
+            nfc,
+            raw_added,
+            normalized_added,
+            reference,
+        })
     }
 
     fn with_state<R>(&self, f: impl FnOnce(&mut ThreadState) -> R) -> R {

@@ -3,12 +3,6 @@
 //! character, then the adjacent pair with the lowest merge rank is merged, leftmost first,
 //! until none is left. Ranks belong to pairs of ids.
 //!
-//! tiktoken's merge (lowest rank of the merged bytes, leftmost first) is the same loop once
-//! every split of every token into two tokens is listed as a pair ranked by the token's
-//! rank (2.2 pairs per token for the OpenAI encodings), plus tiktoken's rule that a piece
-//! which is itself a token is that token. Integer pairs make it several times faster than
-//! hashing byte strings (`bpe.rs`, which stays the reference path).
-//!
 //! `tokenizers` uses a heap whose stale entries are recognised by the merged id alone; as
 //! symbols only ever grow to the right, a stale entry can never pass that test with a
 //! different pair, so its order is exactly "lowest rank, then leftmost", which is what both
@@ -25,7 +19,6 @@ use std::collections::BinaryHeap;
 use rustc_hash::FxHashMap;
 use serde_json::Value;
 
-use crate::tokenize::bpe::TokenList;
 use crate::tokenize::pair_table::PairTable;
 use crate::tokenize::token_table::{pack, TokenTable, MAX_LEN};
 
@@ -59,7 +52,7 @@ pub fn byte_level_decode(token: &str, inverse: &FxHashMap<char, u8>) -> Option<V
 enum Whole {
     Never,
     /// Tokens of up to 15 bytes in a `TokenTable` (most lookups), longer ones by their
-    /// bytes: `ignore_merges` of tokenizer.json (the vocabulary) or tiktoken (its ranks);
+    /// bytes: with `ignore_merges`, the whole vocabulary;
     /// for other tokenizer.json files, the short tokens whose own merge ends in them.
     Tokens {
         short: TokenTable,
@@ -83,16 +76,6 @@ impl Whole {
                 } else {
                     long.get(piece).copied()
                 }
-            }
-        }
-    }
-
-    /// Ask for the line where `piece` would be, if it is short.
-    #[inline(always)]
-    fn prefetch(&self, piece: &[u8]) {
-        if let Whole::Tokens { short, .. } = self {
-            if piece.len() <= MAX_LEN {
-                short.prefetch(pack(piece));
             }
         }
     }
@@ -186,47 +169,6 @@ impl MergeBpe {
             MergeBpe { whole: Whole::Tokens { short: table, long: FxHashMap::default() }, ..bpe }
         };
         Ok(bpe)
-    }
-
-    /// tiktoken's merge for its ranks (see the module comment).
-    pub fn from_tiktoken(list: &TokenList) -> std::result::Result<MergeBpe, String> {
-        let whole = Whole::tokens(list.iter());
-        let mut byte_ids = [0u32; 256];
-        for b in 0..=255u8 {
-            byte_ids[b as usize] = whole.get(&[b]).ok_or_else(|| format!("vocabulary lacks the single byte {b:#04x}"))?;
-        }
-        // Every split of every token into two tokens, found on two threads.
-        let tokens: Vec<(&[u8], u32)> = list.iter().collect();
-        let splits = |part: &[(&[u8], u32)]| -> Vec<(u64, u32)> {
-            let mut v = Vec::with_capacity(part.len() * 3);
-            for (i, &(tok, rank)) in part.iter().enumerate() {
-                // The lines the next token's lookups need, requested while this one's are made.
-                if let Some(&(next, _)) = part.get(i + 1) {
-                    for k in 1..next.len() {
-                        whole.prefetch(&next[..k]);
-                        whole.prefetch(&next[k..]);
-                    }
-                }
-                for k in 1..tok.len() {
-                    if let (Some(a), Some(b)) = (whole.get(&tok[..k]), whole.get(&tok[k..])) {
-                        v.push((((a as u64) << 32) | b as u64, rank));
-                    }
-                }
-            }
-            v
-        };
-        let (first, second) = tokens.split_at(tokens.len() / 2);
-        let (x, y) = std::thread::scope(|sc| {
-            let h = sc.spawn(|| splits(second));
-            let x = splits(first);
-            (x, h.join().unwrap_or_else(|_| splits(second)))
-        });
-        // A pair names one byte string, so one token: no pair is met twice.
-        let mut merges = PairTable::with_capacity(x.len() + y.len());
-        for (pair, rank) in x.into_iter().chain(y) {
-            merges.insert((pair >> 32) as u32, pair as u32, rank, rank);
-        }
-        Ok(MergeBpe::assemble(byte_ids, merges, whole))
     }
 
     fn assemble(byte_ids: [u32; 256], merges: PairTable, whole: Whole) -> MergeBpe {
@@ -428,40 +370,6 @@ mod tests {
             let (mut x, mut y) = (vec![], vec![]);
             bpe.merge_scan(&piece, &mut x);
             bpe.merge_heap(&piece, &mut y);
-            assert_eq!(x, y, "{}", String::from_utf8_lossy(&piece));
-        }
-    }
-
-    /// The tiktoken form gives the reference merge of `bpe.rs`.
-    #[test]
-    fn tiktoken_pairs_equal_byte_ranks() {
-        use crate::tokenize::bpe::{parse_token_list, ranks_of, BytePairEncoder};
-        let b64 = |b: &[u8]| -> String {
-            const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-            b.chunks(3)
-                .flat_map(|c| {
-                    let n = c.iter().enumerate().fold(0u32, |acc, (i, &x)| acc | (x as u32) << (16 - 8 * i));
-                    (0..4).map(move |k| if k <= c.len() { A[(n >> (18 - 6 * k)) as usize & 63] as char } else { '=' })
-                })
-                .collect()
-        };
-        let mut file = String::new();
-        for b in 0..=255u8 {
-            file += &format!("{} {b}\n", b64(&[b]));
-        }
-        for (i, t) in ["ab", "bc", "abc", "aa", "aaaa", "ca", "bcab", "cab", "abca"].iter().enumerate() {
-            file += &format!("{} {}\n", b64(t.as_bytes()), 256 + i);
-        }
-        let list = parse_token_list(file.as_bytes()).unwrap();
-        let reference = BytePairEncoder::new(ranks_of(&list)).unwrap();
-        assert_eq!(reference.ranks().get(&b"bcab"[..]), Some(&262));
-        let bpe = MergeBpe::from_tiktoken(&list).unwrap();
-        let mut seed = 5u64;
-        for len in 1..300 {
-            let piece = random_abc(&mut seed, len);
-            let (mut x, mut y) = (vec![], vec![]);
-            bpe.encode_piece(&piece, &mut x);
-            reference.encode_piece(&piece, &mut y);
             assert_eq!(x, y, "{}", String::from_utf8_lossy(&piece));
         }
     }

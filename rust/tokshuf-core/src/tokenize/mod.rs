@@ -20,6 +20,7 @@ mod pair_table;
 pub mod piece_cache;
 mod prefetch;
 pub mod pretok;
+mod rank_bpe;
 mod tiktoken;
 mod token_table;
 mod tokenizer_json;

@@ -23,6 +23,15 @@ pub fn pack(bytes: &[u8]) -> u128 {
     u128::from_le_bytes(buf)
 }
 
+/// `pack(&buf[start..start + len])` for a buffer holding at least 16 bytes from `start`:
+/// one load and a mask, no copy.
+#[inline(always)]
+pub fn pack_at(buf: &[u8], start: usize, len: usize) -> u128 {
+    debug_assert!(len <= MAX_LEN);
+    let word = u128::from_le_bytes(buf[start..start + 16].try_into().expect("16 bytes"));
+    (word & ((1u128 << (8 * len)) - 1)) | ((len as u128) << 120)
+}
+
 #[derive(Clone, Copy)]
 #[repr(C, align(32))]
 struct Entry {
@@ -38,10 +47,15 @@ pub struct TokenTable {
 impl TokenTable {
     /// From (bytes, id) of tokens of 1 to `MAX_LEN` bytes; a later duplicate wins.
     pub fn new(tokens: &[(&[u8], u32)]) -> TokenTable {
-        let bits = (tokens.len().max(1) * 2).next_power_of_two().trailing_zeros().max(4);
+        TokenTable::build(tokens.len(), tokens.iter().copied())
+    }
+
+    /// From at most `n` tokens of 1 to `MAX_LEN` bytes, (bytes, id); a later duplicate wins.
+    pub fn build<'a>(n: usize, tokens: impl Iterator<Item = (&'a [u8], u32)>) -> TokenTable {
+        let bits = (n.max(1) * 2).next_power_of_two().trailing_zeros().max(4);
         let mut t = TokenTable { entries: vec![Entry { key: 0, id: 0 }; 1 << bits].into_boxed_slice(), shift: 64 - bits };
         let mask = t.entries.len() - 1;
-        for &(bytes, id) in tokens {
+        for (bytes, id) in tokens {
             debug_assert!((1..=MAX_LEN).contains(&bytes.len()));
             let key = pack(bytes);
             let mut i = t.home(key);
@@ -99,5 +113,18 @@ mod tests {
         assert_eq!(t.get(pack(b"a\0")), Some(5));
         assert_eq!(t.get(pack(b"a")), None);
         assert_eq!(t.get(pack(b"w100004")), None);
+    }
+
+    #[test]
+    fn pack_at_equals_pack() {
+        let mut buf = [0u8; 48];
+        for (i, b) in buf.iter_mut().enumerate().take(32) {
+            *b = (i as u8).wrapping_mul(37) | 1;
+        }
+        for start in 0..32 {
+            for len in 1..=MAX_LEN.min(32 - start) {
+                assert_eq!(pack_at(&buf, start, len), pack(&buf[start..start + len]), "{start} {len}");
+            }
+        }
     }
 }
