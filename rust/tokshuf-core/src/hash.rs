@@ -81,21 +81,23 @@ pub fn cell_rng(seed: u64, cell: u64) -> SplitMix64 {
 pub struct Permutation {
     n: u64,
     half_bits: u32,
-    key: u64,
+    /// `combine(key, k)` of round k: the round function is `combine(round_keys[k], r)`.
+    round_keys: [u64; 4],
 }
 
 impl Permutation {
     pub fn new(n: u64, key: u64) -> Self {
         let bits = 64 - n.saturating_sub(1).leading_zeros();
         let half_bits = bits.div_ceil(2).max(1);
-        Permutation { n, half_bits, key }
+        let round_keys = [0, 1, 2, 3].map(|k| combine(key, k));
+        Permutation { n, half_bits, round_keys }
     }
     #[inline]
     fn round(&self, x: u64) -> u64 {
         let mask = (1u64 << self.half_bits) - 1;
         let (mut l, mut r) = (x >> self.half_bits, x & mask);
-        for k in 0..4u64 {
-            let f = combine(combine(self.key, k), r) & mask;
+        for k in self.round_keys {
+            let f = combine(k, r) & mask;
             (l, r) = (r, l ^ f);
         }
         (l << self.half_bits) | r

@@ -5,10 +5,11 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use numpy::ndarray::Array2;
+use numpy::ndarray::{Array2, ArrayView2};
 use numpy::{PyArray, PyArray2};
 use pyo3::prelude::*;
 
+use tokshuf_core::read::buffers::BufferPool;
 use tokshuf_core::read::cache::{Cache, Id};
 use tokshuf_core::read::order::{OrderOptions, Source};
 use tokshuf_core::read::reader::{Batch, BatchSpec, Next, OutDtype, Prefetcher};
@@ -29,6 +30,48 @@ pub(crate) fn to_numpy<'py>(py: Python<'py>, rows: usize, seqlen: usize, batch: 
         Batch::U32(v) => arr(py, shape, v),
         Batch::I32(v) => arr(py, shape, v),
         Batch::I64(v) => arr(py, shape, v),
+    }
+}
+
+/// The owner of a batch's buffer: the base object of the batch's NumPy array. When NumPy frees
+/// the array (and every view of it), the buffer goes back to its reader's pool.
+#[pyclass(frozen, module = "tokshuf._core")]
+struct PooledBatch {
+    batch: Option<Batch>,
+    pool: Arc<BufferPool>,
+}
+
+impl Drop for PooledBatch {
+    fn drop(&mut self) {
+        if let Some(b) = self.batch.take() {
+            self.pool.give(b);
+        }
+    }
+}
+
+/// `to_numpy` for a batch whose buffer returns to `pool` when the array is freed.
+pub(crate) fn to_numpy_pooled<'py>(
+    py: Python<'py>,
+    rows: usize,
+    seqlen: usize,
+    batch: Batch,
+    pool: &Arc<BufferPool>,
+) -> PyResult<Bound<'py, PyAny>> {
+    fn arr<'py, T: numpy::Element>(owner: &Bound<'py, PooledBatch>, shape: (usize, usize), v: &[T]) -> PyResult<Bound<'py, PyAny>> {
+        let view = ArrayView2::from_shape(shape, v).map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(e.to_string()))?;
+        // SAFETY: the buffer belongs to `owner`, which becomes the array's base object, and is
+        // neither changed nor moved until `owner` is dropped (its heap block never moves).
+        let out: Bound<'py, PyArray2<T>> = unsafe { PyArray2::borrow_from_array(&view, owner.clone().into_any()) };
+        Ok(out.into_any())
+    }
+    let owner = Bound::new(py, PooledBatch { batch: Some(batch), pool: pool.clone() })?;
+    let shape = (rows, seqlen);
+    match owner.get().batch.as_ref() {
+        Some(Batch::U16(v)) => arr(&owner, shape, v),
+        Some(Batch::U32(v)) => arr(&owner, shape, v),
+        Some(Batch::I32(v)) => arr(&owner, shape, v),
+        Some(Batch::I64(v)) => arr(&owner, shape, v),
+        None => Err(pyo3::exceptions::PyRuntimeError::new_err("internal error: a batch without a buffer")),
     }
 }
 
@@ -286,7 +329,7 @@ impl ReaderCore {
         } else {
             py.detach(move || spec.assemble(first)).map_err(to_pyerr)?
         };
-        to_numpy(py, rows, self.spec.seqlen, b)
+        to_numpy_pooled(py, rows, self.spec.seqlen, b, &self.spec.buffers)
     }
 
     /// Does a batch start at example `first`? (A single pass following a build may wait to
@@ -348,7 +391,7 @@ impl ReaderCore {
     #[pyo3(signature = (first, threads, depth, every=1))]
     fn prefetch(&self, first: u64, threads: usize, depth: usize, every: u64) -> PyResult<PyPrefetcher> {
         let p = Prefetcher::start(self.spec.clone(), first, every, threads, depth).map_err(to_pyerr)?;
-        Ok(PyPrefetcher { inner: Mutex::new(Some(Ahead::Packed(p))), seqlen: self.spec.seqlen })
+        Ok(PyPrefetcher { inner: Mutex::new(Some(Ahead::Packed(p))), seqlen: self.spec.seqlen, buffers: Some(self.spec.buffers.clone()) })
     }
 }
 
@@ -386,6 +429,8 @@ impl Ahead {
 pub struct PyPrefetcher {
     pub(crate) inner: Mutex<Option<Ahead>>,
     pub(crate) seqlen: usize,
+    /// Where packed batches' buffers go back to.
+    pub(crate) buffers: Option<Arc<BufferPool>>,
 }
 
 #[pymethods]
@@ -411,7 +456,10 @@ impl PyPrefetcher {
                 Ok(Next::Batch(first, got)) => {
                     *self.inner.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
                     let out = match got {
-                        Got::Packed(rows, b) => to_numpy(py, rows, self.seqlen, b)?,
+                        Got::Packed(rows, b) => match &self.buffers {
+                            Some(pool) => to_numpy_pooled(py, rows, self.seqlen, b, pool)?,
+                            None => to_numpy(py, rows, self.seqlen, b)?,
+                        },
                         Got::Unpacked(b) => crate::unpacked::to_python(py, b)?,
                     };
                     return Ok(Some((first, out)));

@@ -168,7 +168,7 @@ impl UnpackedReaderCore {
     #[pyo3(signature = (first, threads, depth, every=1))]
     fn prefetch(&self, first: u64, threads: usize, depth: usize, every: u64) -> PyResult<PyPrefetcher> {
         let p = Prefetcher::start(self.spec.clone(), first, every, threads, depth).map_err(to_pyerr)?;
-        Ok(PyPrefetcher { inner: Mutex::new(Some(Ahead::Unpacked(p))), seqlen: self.spec.cache.seqlen() })
+        Ok(PyPrefetcher { inner: Mutex::new(Some(Ahead::Unpacked(p))), seqlen: self.spec.cache.seqlen(), buffers: None })
     }
 }
 

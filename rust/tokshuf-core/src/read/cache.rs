@@ -18,6 +18,7 @@ use sha2::{Digest, Sha256};
 use super::block_cache::BlockCache;
 use super::chunk::Chunk;
 pub use super::chunk::Layout;
+use super::gather::copy_rows;
 pub use super::members::Id;
 use super::order::{cache_source, OrderOptions, Source};
 use super::per_process::PerProcess;
@@ -372,27 +373,39 @@ impl Cache {
 
     /// Read contexts `locs` ((chunk, index) pairs) into the rows of `out` (len = pairs *
     /// seqlen), writing every element. Rows are read grouped by chunk (one mapping lookup per
-    /// chunk, and each chunk's rows in order), whatever order `locs` gives them in.
+    /// chunk, and each chunk's rows in order), whatever order `locs` gives them in; rows stored
+    /// as they are (`npy`, `blocks`) are copied last, all together, so that `gather` can
+    /// prefetch the rows to come while it copies one.
     pub fn read_many<T: Id>(&self, locs: &[(u64, u64)], out: &mut [MaybeUninit<T>]) -> Result<()> {
         let seqlen = self.seqlen();
         debug_assert_eq!(out.len(), locs.len() * seqlen);
-        let mut order: Vec<u32> = (0..locs.len() as u32).collect();
-        order.sort_unstable_by_key(|&k| locs[k as usize]);
-        let blocks = (self.meta.format == Format::BlocksZst).then(|| self.block_cache());
-        let mut rows = out.chunks_exact_mut(seqlen).map(Some).collect::<Vec<_>>();
+        let mut order: Vec<(u64, u64, u32)> = locs.iter().zip(0..).map(|(&(c, i), j)| (c, i, j)).collect();
+        order.sort_unstable();
+        // Each chunk's mapping, and its rows' range of `order`.
+        let mut groups: Vec<(Arc<Chunk>, std::ops::Range<usize>)> = Vec::new();
         let mut k = 0;
         while k < order.len() {
-            let c = locs[order[k] as usize].0;
-            let chunk = self.mapped(c)?;
-            let path = shard_path(&self.root, c);
-            while k < order.len() && locs[order[k] as usize].0 == c {
-                let j = order[k] as usize;
-                if let Some(row) = rows[j].take() {
-                    self.layout.read_row(&chunk, &path, c, locs[j].1, blocks, row)?;
-                }
+            let (c, start) = (order[k].0, k);
+            while k < order.len() && order[k].0 == c {
                 k += 1;
             }
+            groups.push((self.mapped(c)?, start..k));
         }
+        let blocks = (self.meta.format == Format::BlocksZst).then(|| self.block_cache());
+        let mut rows = out.chunks_exact_mut(seqlen).map(Some).collect::<Vec<_>>();
+        let mut copies = Vec::with_capacity(order.len());
+        for (chunk, range) in &groups {
+            let c = order[range.start].0;
+            let path = shard_path(&self.root, c);
+            for &(_, i, j) in &order[range.clone()] {
+                let Some(row) = rows[j as usize].take() else { continue };
+                match self.layout.fixed_row(chunk, i) {
+                    Some(ids) => copies.push((ids, row)),
+                    None => self.layout.read_row(chunk, &path, c, i, blocks, row)?,
+                }
+            }
+        }
+        copy_rows(self.meta.dtype, &mut copies);
         Ok(())
     }
 }

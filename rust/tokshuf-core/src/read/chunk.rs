@@ -169,6 +169,17 @@ impl Layout {
         }
     }
 
+    /// The ids of context `i` as stored, where a chunk holds them as they are (`npy`, `blocks`).
+    pub(super) fn fixed_row<'m>(&self, chunk: &'m Chunk, i: u64) -> Option<&'m [u8]> {
+        match chunk {
+            Chunk::Fixed { map, n } => {
+                let at = self.fixed_at(*n, i);
+                Some(&map[at..at + self.row_bytes()])
+            }
+            _ => None,
+        }
+    }
+
     /// Write context `i` of chunk `c` into `out` (one row).
     pub(super) fn read_row<T: Id>(
         &self,
@@ -181,9 +192,8 @@ impl Layout {
     ) -> Result<()> {
         let rb = self.row_bytes();
         match chunk {
-            Chunk::Fixed { map, n } => {
-                let at = self.fixed_at(*n, i);
-                copy_ids(self.dtype, &map[at..at + rb], out);
+            Chunk::Fixed { .. } => {
+                copy_ids(self.dtype, self.fixed_row(chunk, i).unwrap_or_default(), out);
                 Ok(())
             }
             Chunk::Ragged { .. } => Err(Error::Config("internal error: rows of fixed length read from an unpacked cache".into())),

@@ -3,9 +3,11 @@
 
 pub mod blend;
 mod block_cache;
+pub mod buffers;
 pub mod cache;
 mod chunk;
 pub mod follow;
+mod gather;
 mod manifest_line;
 mod members;
 pub mod order;

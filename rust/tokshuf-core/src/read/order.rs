@@ -63,6 +63,11 @@ pub trait Source: Send + Sync {
     /// A string that changes whenever the sequence could change (mixed into state fingerprints;
     /// the chunk sizes are the cache fingerprint's part).
     fn describe(&self) -> String;
+    /// `locate` of each of `examples`, appended to `out` in order. Sources whose examples
+    /// share work per chunk (the §6 order) do it once per chunk.
+    fn locate_many(&self, examples: &[u64], out: &mut Vec<Loc>) {
+        out.extend(examples.iter().map(|&i| self.locate(i)));
+    }
     /// `locate`, for sources that may have to wait for a running build (follow mode).
     fn locate_wait(&self, i: u64, _cancel: &AtomicBool) -> Result<Loc> {
         Ok(self.locate(i))
@@ -334,22 +339,80 @@ impl Order {
     }
 }
 
-impl Source for Order {
-    fn locate(&self, i: u64) -> Loc {
-        let (p, off) = self.position(i);
+/// What one chunk position decides: its chunk, and how that chunk's contexts are permuted in
+/// its epoch.
+#[derive(Clone, Copy, Debug)]
+struct AtPosition {
+    chunk: u64,
+    contexts: Contexts,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Contexts {
+    /// Epoch 0, or no reshuffle: tar order.
+    InOrder,
+    /// σ_{e,c}.
+    Permuted(Permutation),
+    /// σ_{e,c} of a block-preserving order: (chunk size, block, key).
+    Blocks(u64, u64, u64),
+}
+
+impl AtPosition {
+    #[inline]
+    fn index(&self, off: u64) -> u64 {
+        match self.contexts {
+            Contexts::InOrder => off,
+            Contexts::Permuted(p) => p.apply(off),
+            Contexts::Blocks(n, block, key) => block_permute(n, block, key, off),
+        }
+    }
+}
+
+/// Slots of `Order::locate_many`'s memo of chunk positions: more than the positions one batch
+/// spans in the usual case (R* streams, each at one or two positions).
+const POSITION_MEMO: usize = 256;
+
+impl Order {
+    /// The chunk at global position p and the permutation of its contexts.
+    fn at_position(&self, p: u64) -> AtPosition {
         let (e, q) = (p / self.n, p % self.n);
         let chunk = self.chunk_at(e, q);
-        let index = if e == 0 || !self.reshuffle {
-            off
+        let contexts = if e == 0 || !self.reshuffle {
+            Contexts::InOrder
         } else {
             let key = hash::combine(hash::combine(hash::combine(hash::DOMAIN_CONTEXT_PERM, self.seed), e), chunk);
             if self.block > 1 {
-                block_permute(self.size_of(chunk), self.block, key, off)
+                Contexts::Blocks(self.size_of(chunk), self.block, key)
             } else {
-                Permutation::new(self.size_of(chunk), key).apply(off)
+                Contexts::Permuted(Permutation::new(self.size_of(chunk), key))
             }
         };
-        Loc { component: 0, chunk, index }
+        AtPosition { chunk, contexts }
+    }
+}
+
+impl Source for Order {
+    fn locate(&self, i: u64) -> Loc {
+        let (p, off) = self.position(i);
+        let at = self.at_position(p);
+        Loc { component: 0, chunk: at.chunk, index: at.index(off) }
+    }
+    fn locate_many(&self, examples: &[u64], out: &mut Vec<Loc>) {
+        let mut memo: Vec<Option<(u64, AtPosition)>> = vec![None; POSITION_MEMO];
+        out.reserve(examples.len());
+        for &i in examples {
+            let (p, off) = self.position(i);
+            let slot = &mut memo[(p % POSITION_MEMO as u64) as usize];
+            let at = match *slot {
+                Some((q, at)) if q == p => at,
+                _ => {
+                    let at = self.at_position(p);
+                    *slot = Some((p, at));
+                    at
+                }
+            };
+            out.push(Loc { component: 0, chunk: at.chunk, index: at.index(off) });
+        }
     }
     fn num_examples(&self) -> Option<u64> {
         None
@@ -477,6 +540,29 @@ mod tests {
             for (i, w) in want.iter().enumerate() {
                 assert_eq!(order.locate(i as u64), *w, "case {case} sizes {sizes:?} cs {cs} r* {r_star} i {i}");
             }
+        }
+    }
+
+    #[test]
+    fn locate_many_is_locate_of_each() {
+        let mut rng = hash::SplitMix64::new(5);
+        for case in 0..200 {
+            let n = 1 + rng.below(10);
+            let cs = 1 + rng.below(9);
+            let sizes: Vec<u64> = (0..n).map(|_| if rng.below(3) == 0 { 1 + rng.below(cs) } else { cs }).collect();
+            let r_star = 1 + rng.below(70);
+            let opts = OrderOptions { ideal_readers: r_star, seed: case, reshuffle: case % 5 != 0 };
+            let order = Order::new(&sizes, cs, opts).with_blocks(1 + rng.below(4));
+            // A rank's slice of consecutive batches (stride R), and indices far apart (positions
+            // that share a memo slot).
+            let stride = 1 + rng.below(8);
+            let start = rng.below(1 << 40);
+            let mut examples: Vec<u64> = (0..600).map(|j| start + j * stride).collect();
+            examples.extend((0..50).map(|j| j * 256 * r_star + rng.below(r_star)));
+            let mut got = Vec::new();
+            order.locate_many(&examples, &mut got);
+            let want: Vec<Loc> = examples.iter().map(|&i| order.locate(i)).collect();
+            assert_eq!(got, want, "case {case}");
         }
     }
 

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 
+use super::buffers::{BufferPool, Element};
 use crate::error::{Error, Result};
 use crate::read::cache::{Cache, Id};
 use crate::read::order::{Loc, Source};
@@ -63,6 +64,8 @@ pub struct BatchSpec {
     /// end is found by `has_batch_wait`.
     pub end_pending: bool,
     pub drop_last: bool,
+    /// Buffers of batches the consumer gave back.
+    pub buffers: Arc<BufferPool>,
 }
 
 /// A cancel flag nobody sets.
@@ -110,7 +113,8 @@ impl BatchSpec {
         }
         let end = source.num_examples().map(|n| end_of(n, batch_size, drop_last));
         let end_pending = source.len_pending();
-        Ok(BatchSpec { caches, source, batch_size, rank, world_size, seqlen, dtype, end, end_pending, drop_last })
+        let buffers = Arc::new(BufferPool::new());
+        Ok(BatchSpec { caches, source, batch_size, rank, world_size, seqlen, dtype, end, end_pending, drop_last, buffers })
     }
 
     /// Does any cache follow a running build (so reads may wait)?
@@ -170,7 +174,14 @@ impl BatchSpec {
             }
             None => full,
         };
-        let locs: Vec<Loc> = self.examples(first, stop).map(|i| self.source.locate_wait(i, cancel)).collect::<Result<_>>()?;
+        let locs: Vec<Loc> = if self.follows() {
+            self.examples(first, stop).map(|i| self.source.locate_wait(i, cancel)).collect::<Result<_>>()?
+        } else {
+            let examples: Vec<u64> = self.examples(first, stop).collect();
+            let mut locs = Vec::with_capacity(examples.len());
+            self.source.locate_many(&examples, &mut locs);
+            locs
+        };
         if self.follows() {
             let mut last = None;
             for l in &locs {
@@ -192,9 +203,9 @@ impl BatchSpec {
         Ok((rows, batch))
     }
 
-    fn fill<T: Id>(&self, locs: &[Loc]) -> Result<Vec<T>> {
+    fn fill<T: Id + Element>(&self, locs: &[Loc]) -> Result<Vec<T>> {
         let n = locs.len() * self.seqlen;
-        let mut out: Vec<T> = Vec::with_capacity(n);
+        let mut out: Vec<T> = self.buffers.take(n);
         // Rows of one cache at a time (all of them for a single cache) go through `read_many`.
         let mut start = 0;
         let mut pairs = Vec::with_capacity(locs.len());
@@ -221,6 +232,9 @@ pub trait Assemble: Send + Sync + 'static {
     /// The batch starting at example `first`, or None when none starts there (the end of a
     /// single pass). May wait (follow mode) until `cancel` is set.
     fn assemble_at(&self, first: u64, cancel: &AtomicBool) -> Result<Option<Self::Out>>;
+    /// Read-ahead keeps up to `batches` batches in flight (those queued, being assembled and
+    /// held by the consumer).
+    fn in_flight(&self, _batches: usize) {}
 }
 
 impl Assemble for BatchSpec {
@@ -233,6 +247,9 @@ impl Assemble for BatchSpec {
             return Ok(None);
         }
         self.assemble_wait(first, cancel).map(Some)
+    }
+    fn in_flight(&self, batches: usize) {
+        self.buffers.keep(batches);
     }
 }
 
@@ -262,6 +279,7 @@ impl<A: Assemble> Prefetcher<A> {
         let every = every.max(1);
         let threads = threads.max(1);
         let per_worker = depth.div_ceil(threads).max(1);
+        spec.in_flight(threads * (per_worker + 1) + 2);
         let stop = Arc::new(AtomicBool::new(false));
         let mut receivers = Vec::with_capacity(threads);
         for w in 0..threads {
