@@ -3,9 +3,12 @@
 Cases: one character repeated (one 1 MB BPE piece), long runs of spaces / newlines / mixed
 whitespace, punctuation. tokshuf's ``Tokenizer.encode`` against the Python reference where
 the reference finishes (tiktoken panics on whitespace runs of a million characters or more:
-its regex engine's backtracking stack overflows).
+its regex engine's backtracking stack overflows). The growth column is the time of the document
+over that of one ``--growth`` times shorter: about that factor for linear work (long pieces are
+merged with a heap, O(n log n), and each step costs more once the heap outgrows the CPU caches),
+its square for a quadratic merge.
 
-    python -m benches.worst_case_bench [--size 1000000] [--runs 3]
+    python -m benches.worst_case_bench [--size 1000000] [--runs 3] [--growth 16]
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", type=int, default=1_000_000, help="characters per document (default 1,000,000)")
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--growth", type=int, default=16, help="size ratio of the growth column (default 16)")
     p.add_argument("--no-reference", action="store_true")
     args = p.parse_args()
 
@@ -58,13 +62,16 @@ def main() -> None:
     from tests.support import tokref
 
     print(f"Command: `{' '.join(['python', *sys.argv])}`; load average {os.getloadavg()[0]:.2f}\n")
-    print("| tokenizer | document | tokshuf s | tokens | reference s |")
-    print("|---|---|---:|---:|---:|")
+    print(f"| tokenizer | document | tokshuf s | growth from N/{args.growth} | tokens | reference s |")
+    print("|---|---|---:|---:|---:|---:|")
     for name, spec in SPECS.items():
         tok = tokshuf.Tokenizer(spec)
         for case, make in CASES.items():
             text = make(args.size)
             secs, ids = timed(lambda tok=tok, text=text: tok.encode(text), args.runs)
+            small = make(args.size // args.growth)
+            small_secs, _ = timed(lambda tok=tok, text=small: tok.encode(text), args.runs)
+            growth = secs / max(small_secs, 1e-6)
             ref = ""
             if not args.no_reference:
                 try:
@@ -76,7 +83,7 @@ def main() -> None:
                     if isinstance(e, KeyboardInterrupt):
                         raise
                     ref = f"fails: {type(e).__name__}"
-            print(f"| {name} | {case} | {secs:.3f} | {len(ids):,} | {ref} |", flush=True)
+            print(f"| {name} | {case} | {secs:.3f} | {growth:.1f}x | {len(ids):,} | {ref} |", flush=True)
 
 
 if __name__ == "__main__":

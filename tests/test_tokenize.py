@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import gzip
 import hashlib
-import time
 
 import pytest
 import tokshuf
@@ -253,52 +252,3 @@ def test_million_space_run(spec, backend):
 def test_neox_whitespace_runs_equal_reference(backend):
     texts = [frame.format(ws * n) for ws in WHITESPACE for frame in FRAMES for n in (1, 2, 65, 3000)]
     assert ours(NEOX, backend).encode_batch(texts) == tokref.reference_encode_batch(NEOX, texts)
-
-
-# --------------------------------------------------------------------------------------
-# Worst cases grow (near) linearly. Long pieces are merged with a heap: O(n log n), and once
-# the heap outgrows the CPU caches each step costs more, so 16x the input takes ~16-80x the
-# time on a busy machine; a quadratic merge (tiktoken-rs) takes 256x, a regex that backtracks
-# per character fails outright. Absolute times: benches/worst_case_bench.py.
-
-WORST = {
-    "one character": lambda n: "a" * n,
-    "one space run": lambda n: "x" + " " * n + "y",
-    "one newline run": lambda n: "x" + "\n" * n + "y",
-    "mixed whitespace": lambda n: "x" + " \t\n" * (n // 3) + "y",
-    "punctuation": lambda n: "/" * n,
-}
-GROWTH, BOUND = 16, 128
-
-
-def _best_time(tok, text: str, reps: int) -> float:
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        tok.encode(text)
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
-def _check_linear(spec: str, backend: str, n: int, reps: int):
-    tok = ours(spec, backend)
-    ratios = {}
-    for name, make in WORST.items():
-        small, big = make(n), make(GROWTH * n)
-        assert len(tok.encode(big)) > 0  # no error on a long run either
-        ratios[name] = _best_time(tok, big, reps) / max(_best_time(tok, small, reps), 1e-5)
-    slow = {k: round(v, 1) for k, v in ratios.items() if v > BOUND}
-    assert not slow, f"{spec}: time({GROWTH}n)/time(n) = {slow}"
-
-
-@pytest.mark.timing
-@pytest.mark.parametrize("spec", ALL_SPECS, ids=spec_id)
-def test_worst_cases_grow_linearly(spec, backend):
-    _check_linear(spec, backend, 16_384, reps=3)
-
-
-@pytest.mark.slow
-@pytest.mark.timing
-@pytest.mark.parametrize("spec", ALL_SPECS, ids=spec_id)
-def test_one_megabyte_worst_cases_grow_linearly(spec, backend):
-    _check_linear(spec, backend, 65_536, reps=2)
