@@ -569,33 +569,47 @@ def _id_list(text: bytes) -> Optional[np.ndarray]:
     return ids if len(ids) == inner.count(b",") + 1 else None
 
 
+def _next_member(f, name: str, member: str, i: int, pos: int, size: int, report: VerifyReport) -> Optional[bytes]:
+    """The data of the tar member at ``pos`` of shard ``name`` (opened as ``f``), which must be
+    named ``member``; ``None`` (with the problem reported) if it is not a well-formed member.
+    The caller advances ``pos`` by ``TAR_BLOCK`` plus the padded length."""
+    head = f.read(TAR_BLOCK)
+    if len(head) < TAR_BLOCK:
+        report.problem(f"{name}: ends inside member {i} (truncated)")
+        return None
+    problem = _check_tar_header(head, member)
+    if problem:
+        report.problem(f"{name}: member {i}: {problem}")
+        return None
+    length = _parse_octal(head[124:136]) or 0
+    padded = -(-length // TAR_BLOCK) * TAR_BLOCK
+    if pos + TAR_BLOCK + padded > size:
+        report.problem(f"{name}: member {i}: size {length} runs past the end of the file")
+        return None
+    data = f.read(padded)
+    if any(data[length:]):
+        report.problem(f"{name}: member {i}: padding after the data is not zero")
+        return None
+    return data[:length]
+
+
+def _padded(length: int) -> int:
+    return TAR_BLOCK + -(-length // TAR_BLOCK) * TAR_BLOCK
+
+
 def _check_json_shard(f, name: str, size: int, meta: Dict[str, Any], k: int, n: int, report: VerifyReport) -> bool:
     seqlen, vocab = meta["seqlen"], meta["tokenizer"]["vocab_size"]
     # "[" + ids of at most 10 digits + commas + "]": anything longer is not ours (or a gzip bomb).
     max_json = 2 + seqlen * 11
     pos = 0
     for i in range(n):
-        block = f.read(TAR_BLOCK)
-        if len(block) < TAR_BLOCK:
-            report.problem(f"{name}: ends inside member {i} of {n} (truncated)")
+        data = _next_member(f, name, f"{k:08d}_{i:08d}.json.gz", i, pos, size, report)
+        if data is None:
             return False
-        problem = _check_tar_header(block, f"{k:08d}_{i:08d}.json.gz")
-        if problem:
-            report.problem(f"{name}: member {i}: {problem}")
-            return False
-        length = _parse_octal(block[124:136]) or 0
-        padded = -(-length // TAR_BLOCK) * TAR_BLOCK
-        if pos + TAR_BLOCK + padded > size:
-            report.problem(f"{name}: member {i}: size {length} runs past the end of the file")
-            return False
-        data = f.read(padded)
-        pos += TAR_BLOCK + padded
-        if any(data[length:]):
-            report.problem(f"{name}: member {i}: padding after the data is not zero")
-            return False
+        pos += _padded(len(data))
         try:
             d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-            text = d.decompress(data[:length], max_json + 1)
+            text = d.decompress(data, max_json + 1)
             if len(text) > max_json or not d.eof or d.unused_data:
                 raise ValueError("not a single gzip stream of one short JSON list")
         except (zlib.error, ValueError) as e:
@@ -756,26 +770,11 @@ def _check_blocks_shard(f, name: str, size: int, meta: Dict[str, Any], k: int, n
     for b, start in enumerate(range(0, n, block)):
         rows = min(block, n - start)
         member = f"{k:08d}_{b:08d}.npy" + (".zst" if zst else "")
-        head = f.read(TAR_BLOCK)
-        if len(head) < TAR_BLOCK:
-            report.problem(f"{name}: ends inside member {b} (truncated)")
+        raw = _next_member(f, name, member, b, pos, size, report)
+        if raw is None:
             return False
-        problem = _check_tar_header(head, member)
-        if problem:
-            report.problem(f"{name}: member {b}: {problem}")
-            return False
-        length = _parse_octal(head[124:136]) or 0
-        padded = -(-length // TAR_BLOCK) * TAR_BLOCK
-        if pos + TAR_BLOCK + padded > size:
-            report.problem(f"{name}: member {b}: size {length} runs past the end of the file")
-            return False
-        data = f.read(padded)
-        pos += TAR_BLOCK + padded
-        if any(data[length:]):
-            report.problem(f"{name}: member {b}: padding after the data is not zero")
-            return False
+        pos += _padded(len(raw))
         array_bytes = 256 + rows * seqlen * dtype.itemsize  # an npy header is far below 256 bytes
-        raw = data[:length]
         if zst:
             import zstandard
 
