@@ -151,7 +151,7 @@ def build_cache(
             interleaves files by chunk, and streams: chunks are written (and listed in
             manifest.jsonl) while the inputs are still being tokenized.
         memory_limit: bound, in bytes, on the memory that grows with the input: stage 2's
-            shuffle ids and its read windows (default: half of the machine's memory; README,
+            shuffle ids and its read windows (default: half of the machine's memory; docs/building.md,
             "Large builds").
         errors: a bad line (bad JSON, missing text, invalid UTF-8, truncated compression):
             ``"raise"`` stops with its file and line, ``"skip"`` skips and counts it by reason

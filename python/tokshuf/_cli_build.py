@@ -132,7 +132,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--memory-limit",
         type=parse_size,
         default=None,
-        help="bound on the memory that grows with the input, e.g. 1G (default: half of RAM; README, 'Large builds')",
+        help="bound on the memory that grows with the input, e.g. 1G (default: half of RAM; docs/building.md, 'Large builds')",
     )
     p.add_argument(
         "--errors",

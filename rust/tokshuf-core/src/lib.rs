@@ -2,7 +2,7 @@
 //! deterministic order in which readers consume them. No Python here; `rust/tokshuf-py`
 //! is a thin PyO3 layer over this crate.
 //!
-//! The crate is grouped like the format contract (the README maps each section to a module):
+//! The crate is grouped like the format contract (docs/architecture.md maps each section to a module):
 //! - `format`: what a cache folder holds: names, tokshuf.json and manifest.jsonl as typed
 //!   values, the tar member layout, atomic publication, the build lock.
 //! - `tokenize`: tokenizers (tiktoken encodings, tokenizer.json), and the fast exact backend.

@@ -7,7 +7,7 @@
 //! copies the first, so it asks for the lines of the rows `PREFETCH_AHEAD` bytes ahead while
 //! it copies the current one. The prefetches go to L2 (`T1`): prefetching into L1 takes the
 //! few L1 miss buffers the copy itself needs, and gains nothing (benches/read_bench.py and
-//! README "Reading a cache" give the measurements).
+//! docs/reading.md "Measured" give the measurements).
 
 use std::mem::MaybeUninit;
 
