@@ -62,6 +62,33 @@ def _bad_input(i: int, _fault: bool = False) -> int:
     return i
 
 
+# A driver of its own (the test process's driver is connected without the variable): the
+# workers' answers show what reached them.
+ENV_PROBE = """
+import os, sys
+from tokshuf import _ray
+def probe(i, _fault=False):
+    return os.environ.get("TOKSHUF_REMOTE_RETRIES")
+session = _ray.connect(sys.argv[1])
+try:
+    tasks = [_ray.Task(f"env {i}", probe, (i,), 1) for i in range(3)]
+    print(sorted(set(_ray.run_stage(session, "env", tasks, lambda i, r: None).results)))
+finally:
+    session.close()
+"""
+
+
+@pytest.mark.slow
+def test_remote_settings_of_the_driver_reach_every_worker(cluster: LocalCluster) -> None:
+    assert "TOKSHUF_REMOTE_RETRIES" not in os.environ
+    env = dict(os.environ, TOKSHUF_REMOTE_RETRIES="3")
+    out = subprocess.run(
+        [sys.executable, "-c", ENV_PROBE, cluster.address], env=env, capture_output=True, text=True, timeout=180
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "['3']"
+
+
 @pytest.mark.slow
 def test_cluster_is_multi_node_on_loopback(cluster: LocalCluster, record_property) -> None:
     record_property("cluster_start_s", round(cluster.start_s, 2))

@@ -217,8 +217,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         type=int,
         default=None,
         metavar="N",
-        help="retries of each object-store request (s3://, gs://, az://) before giving up "
-        "(default 10, or TOKSHUF_REMOTE_RETRIES)",
+        help="retries of each object-store request (s3://, gs://, az://) before giving up, here and "
+        "on the Ray engine's workers (default 10, or TOKSHUF_REMOTE_RETRIES)",
     )
     g.add_argument(
         "--input-json",

@@ -100,13 +100,21 @@ def connect(address: Optional[str] = "auto") -> Session:
         return Session(ray, owned=False, nodes=alive_nodes(ray))
     address = address or "auto"
     try:
-        ray.init(address=address, log_to_driver=False)
+        ray.init(address=address, log_to_driver=False, **_job_env())
     except ConnectionError as e:
         if address != "auto":
             raise ConfigError(f"cannot reach the Ray cluster at {address}: {e}") from None
-        ray.init(log_to_driver=False)  # no cluster running: a local one, stopped after the build
+        ray.init(log_to_driver=False, **_job_env())  # no cluster running: a local one, stopped after the build
         return Session(ray, owned=True, local=True, nodes=alive_nodes(ray))
     return Session(ray, owned=True, nodes=alive_nodes(ray))
+
+
+def _job_env() -> Dict[str, Any]:
+    """The driver's object-store settings (``TOKSHUF_REMOTE_*``, e.g. from ``--s3-retries``)
+    for every worker of this job: workers that ``ray start`` began on other machines do not
+    inherit the driver's environment."""
+    env = {k: v for k, v in os.environ.items() if k.startswith("TOKSHUF_REMOTE_")}
+    return {"runtime_env": {"env_vars": env}} if env else {}
 
 
 def alive_nodes(ray: Any) -> List[Dict[str, Any]]:
