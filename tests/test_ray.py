@@ -306,16 +306,28 @@ def test_failed_tasks_are_retried_to_the_same_bytes(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("point", ["stage1.spill", "stage2.tmp"])
+@pytest.mark.parametrize(
+    ("point", "unpacked"),
+    [("stage1.spill", False), ("stage2.tmp", False), ("stage2.tmp", True)],
+    ids=["stage1.spill", "stage2.tmp", "stage2.tmp-unpacked"],
+)
 def test_worker_node_lost_mid_stage(
-    cluster: LocalCluster, corpus: List[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, point: str
+    cluster: LocalCluster,
+    corpus: List[Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    point: str,
+    unpacked: bool,
 ) -> None:
     """A fourth node whose tasks stop for good at `point` (a spill renamed but its summary not
     yet written; a shard written under its temporary name) is removed while they hang: its
     task is retried on the other nodes and the cache is the one machine's. Until the task has
     paused, the other nodes' CPUs are held, so the doomed node runs the first task of the
-    stage whatever the scheduler prefers (all of stage 1 too, for a pause in stage 2)."""
+    stage whatever the scheduler prefers (all of stage 1 too, for a pause in stage 2). Unpacked:
+    the lost task's temporary file is in a bin's folder, which other tasks write meanwhile."""
     opts = dict(tokenizer=NEOX, seqlen=128, chunk_size=32, num_local_cells=4, tail="pad")
+    if unpacked:
+        opts.update(packing="none", bins=[32, 128], chunk_size=8)
     local_build(corpus, tmp_path / "local", **opts)
     trace = tmp_path / "trace"
     # The node's raylet, and so its workers, inherit the hooks; this driver does not.
@@ -344,7 +356,7 @@ def test_worker_node_lost_mid_stage(
         cluster.remove_worker(node)
     driver.join(timeout=300)
     assert "error" not in result, result.get("error")
-    assert_same_cache(tmp_path / "local", tmp_path / "ray")
+    (assert_same_tree if unpacked else assert_same_cache)(tmp_path / "local", tmp_path / "ray")
     assert result["meta"]["build"]["nodes"] == 4
     assert len(cluster.alive_nodes()) == 3
     assert trace.read_text().count(f"paused {point}") == 1
