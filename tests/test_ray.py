@@ -19,6 +19,7 @@ from support.ray_builds import (
     NEOX,
     SAMPLE,
     assert_same_cache,
+    assert_same_tree,
     build_args,
     local_build,
     ray_build,
@@ -305,16 +306,28 @@ def test_failed_tasks_are_retried_to_the_same_bytes(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("point", ["stage1.spill", "stage2.tmp"])
+@pytest.mark.parametrize(
+    ("point", "unpacked"),
+    [("stage1.spill", False), ("stage2.tmp", False), ("stage2.tmp", True)],
+    ids=["stage1.spill", "stage2.tmp", "stage2.tmp-unpacked"],
+)
 def test_worker_node_lost_mid_stage(
-    cluster: LocalCluster, corpus: List[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, point: str
+    cluster: LocalCluster,
+    corpus: List[Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    point: str,
+    unpacked: bool,
 ) -> None:
     """A fourth node whose tasks stop for good at `point` (a spill renamed but its summary not
     yet written; a shard written under its temporary name) is removed while they hang: its
     task is retried on the other nodes and the cache is the one machine's. Until the task has
     paused, the other nodes' CPUs are held, so the doomed node runs the first task of the
-    stage whatever the scheduler prefers (all of stage 1 too, for a pause in stage 2)."""
+    stage whatever the scheduler prefers (all of stage 1 too, for a pause in stage 2). Unpacked:
+    the lost task's temporary file is in a bin's folder, which other tasks write meanwhile."""
     opts = dict(tokenizer=NEOX, seqlen=128, chunk_size=32, num_local_cells=4, tail="pad")
+    if unpacked:
+        opts.update(packing="none", bins=[32, 128], chunk_size=8)
     local_build(corpus, tmp_path / "local", **opts)
     trace = tmp_path / "trace"
     # The node's raylet, and so its workers, inherit the hooks; this driver does not.
@@ -343,7 +356,7 @@ def test_worker_node_lost_mid_stage(
         cluster.remove_worker(node)
     driver.join(timeout=300)
     assert "error" not in result, result.get("error")
-    assert_same_cache(tmp_path / "local", tmp_path / "ray")
+    (assert_same_tree if unpacked else assert_same_cache)(tmp_path / "local", tmp_path / "ray")
     assert result["meta"]["build"]["nodes"] == 4
     assert len(cluster.alive_nodes()) == 3
     assert trace.read_text().count(f"paused {point}") == 1
@@ -373,4 +386,62 @@ def test_killed_driver_resumes_to_the_same_bytes(
     assert (listed > 0) == (point == "stage2.listed")
     got = ray_build(corpus, out, _ray.RayOptions(cpus_per_task=1, chunks_per_task=2), **opts)
     assert_same_cache(tmp_path / "local", out)
+    assert got["build"]["tasks"]["tokenize"] == 0  # stage 1 was done
+
+
+# --- unpacked caches (packing="none"): each length bin's chunks written by tasks ---------------
+
+UNPACKED = [
+    pytest.param(dict(tokenizer=NEOX, bins=[16, 48, 128]), 2, id="neox-bins"),
+    pytest.param(dict(tokenizer=CL100K), 3, id="cl100k-default-bins"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("recipe", "chunks_per_task"), UNPACKED)
+def test_unpacked_ray_build_is_byte_identical_to_local(
+    cluster: LocalCluster, corpus: List[Path], tmp_path: Path, recipe: Dict[str, Any], chunks_per_task: int
+) -> None:
+    """Every bin's shards, sidecars and manifest, and tokshuf.json, are the local engine's, with
+    several stage-2 tasks per bin."""
+    opts = dict(recipe, packing="none", seqlen=128, chunk_size=8, seed=3)
+    want = local_build(corpus, tmp_path / "local", **opts)
+    options = _ray.RayOptions(cpus_per_task=1, task_bytes=1, chunks_per_task=chunks_per_task)
+    got = ray_build(corpus, tmp_path / "ray", options, **opts)
+    assert_same_tree(tmp_path / "local", tmp_path / "ray")
+    chunks = [b["num_chunks"] for b in want["bins"]]
+    assert len(chunks) >= 3 and max(chunks) > 2 * chunks_per_task
+    b = got["build"]
+    assert (b["engine"], b["nodes"], b["retries"]) == ("ray", 3, 0)
+    assert b["tasks"]["write"] == sum(-(-n // chunks_per_task) for n in chunks)
+    assert "regroup" not in b["tasks"]
+    # Run again: the complete cache is confirmed, not rebuilt.
+    assert ray_build(corpus, tmp_path / "ray", options, **opts)["build"] == b
+
+
+@pytest.mark.slow
+def test_killed_unpacked_driver_resumes_to_the_same_bytes(
+    cluster: LocalCluster, corpus: List[Path], tmp_path: Path
+) -> None:
+    """The driver is SIGKILLed once the lines of a first stage-2 task are back (shards in the
+    bins, no bin manifest yet); the same build run again keeps those shards and finishes the
+    cache, byte-identical (temporary files of tasks killed with it removed)."""
+    opts = dict(tokenizer=CL100K, packing="none", bins=[32, 128], seqlen=128, chunk_size=8)
+    local_build(corpus, tmp_path / "local", **opts)
+    out, trace = tmp_path / "ray", tmp_path / "trace"
+    env = dict(os.environ, TOKSHUF_TEST_PAUSE="stage2.listed", TOKSHUF_TEST_TRACE=str(trace))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, json.dumps(build_args(corpus, out, **opts)), cluster.address], env=env
+    )
+    try:
+        wait_for(trace, "paused stage2.listed", lambda: proc.poll() is None)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert json.loads((out / "tokshuf.json").read_text())["status"] == "writing"
+    written = {p: p.stat().st_mtime_ns for p in out.glob("bin_*/*.tar")}
+    assert written and not list(out.glob("bin_*/manifest.jsonl"))
+    got = ray_build(corpus, out, _ray.RayOptions(cpus_per_task=1, chunks_per_task=2), **opts)
+    assert_same_tree(tmp_path / "local", out)
+    assert all(p.stat().st_mtime_ns == t for p, t in written.items())  # kept, not written again
     assert got["build"]["tasks"]["tokenize"] == 0  # stage 1 was done

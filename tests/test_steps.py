@@ -11,14 +11,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import pytest
 import tokshuf
 from support.build import build
 from support.corpus import parts, three_files
 from support.s3 import S3, uploads
-from support.steps import drive, same_files, step_args
+from support.steps import drive, same_files, same_tree, step_args
 from tokshuf import _core
 
 RECIPES = [
@@ -123,6 +123,27 @@ def test_s3_inputs_into_s3_output(s3: S3, corpus: List[Path], tmp_path: Path) ->
         json.loads(got["tokshuf.json"])["num_contexts"]
         == json.loads((want / "tokshuf.json").read_text())["num_contexts"]
     )
+
+
+UNPACKED = dict(packing="none", seqlen=64, chunk_size=4, tail="pad")
+
+
+@pytest.mark.parametrize("bins", [[8, 24, 64], None], ids=["bins", "default-bins"])
+def test_unpacked_steps_make_the_local_cache(corpus: List[Path], tmp_path: Path, bins: Optional[List[int]]) -> None:
+    """packing="none": each bin's chunks written in ranges by fresh steps (as tasks), every bin's
+    manifest and tokshuf.json by the driver: every file the local engine's."""
+    args = step_args(corpus, tmp_path / "steps", bins=bins, **UNPACKED)
+    local_cache(corpus, tmp_path / "local", args)
+    meta = drive(args, chunks_per_call=3)
+    assert len(meta["bins"]) > 2 and max(b["num_chunks"] for b in meta["bins"]) > 3
+    assert same_tree(tmp_path / "local", tmp_path / "steps") is None
+    assert not (tmp_path / "steps" / ".tokshuf-work").exists()
+
+
+def test_unpacked_steps_refuse_an_object_store_output(tmp_path: Path, corpus: List[Path]) -> None:
+    args = step_args(corpus, "s3://bucket/cache", **UNPACKED)
+    with pytest.raises(tokshuf.ConfigError, match="not into an object store"):
+        _core.BuildSteps(**args)
 
 
 def test_a_node_with_another_tokenizer_or_version_is_refused(tmp_path: Path, corpus: List[Path]) -> None:

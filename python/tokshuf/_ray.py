@@ -1,7 +1,8 @@
 """``engine="ray"``: the build's steps run as Ray tasks (DESIGN §10, docs/distributed.md).
 
 The driver plans, sends stage 1 over groups of input files, then (shuffled builds) the regroup
-of their spills in cell order and stage 2 over groups of chunks to the cluster, and finalizes.
+of their spills in cell order and stage 2 over groups of chunks (unpacked builds: over ranges of
+each length bin's chunks) to the cluster, and finalizes.
 Every step is pure and idempotent and publishes its output whole, by a rename on storage every
 node sees or as one object in a store (the output and its work folder), so a task lost with its
 node, or retried after an error, rewrites the same bytes: the cache is the one a single machine
@@ -370,6 +371,15 @@ def _regroup_task(args: Dict[str, Any], recipe: str, probe: Probe, files: List[i
     return files
 
 
+def _stage2_bin_task(
+    args: Dict[str, Any], recipe: str, probe: Probe, k: int, first: int, last: int, _fault: bool = False
+) -> List[str]:
+    """Unpacked builds: write chunks ``first..last`` of bin ``k``; returns their manifest lines (JSON)."""
+    if _fault:
+        raise OSError(f"injected fault in stage 2, bin {k} chunks {first}-{last - 1} ({FAULT_ENV})")
+    return list(_steps(args, recipe, probe).stage2_bin(k, first, last, _task_threads()))
+
+
 def _stage2_task(
     args: Dict[str, Any], recipe: str, probe: Probe, first: int, last: int, _fault: bool = False
 ) -> List[str]:
@@ -474,45 +484,14 @@ def _run(
     num_chunks = steps.plan_chunks(min(cpus, os.cpu_count() or 1), json.dumps(_partial(session, cpus, stages, t0)))
     plan_s = time.monotonic() - t
 
-    # Shuffled builds: every spill (the stitched tails' too) rewritten in cell order, in the
-    # same groups as stage 1 (a file's spill is about as large as the file).
-    nspills, regroup = steps.spills()
-    if regroup:
-        spill_sizes = [*sizes, 0][:nspills]
-        groups = group_files(spill_sizes, options.task_bytes or default_task_bytes(sum(spill_sizes), slots))
-        tasks = [
-            Task(task_name("regroup", i, len(groups), span(g, "files")), _regroup_task, (args, recipe, probe, g), cpus)
-            for i, g in enumerate(groups)
-        ]
-        bar.stage("regroup", nspills, "spills")
-        stages["regroup"] = run_stage(
-            session, "regroup", tasks, lambda i, files: bar.advance(len(files), sum(spill_sizes[f] for f in files))
-        )
-        bar.end()
-
-    # Stage 2: ranges of chunks a killed run did not list.
-    listed = steps.listed
-    per = options.chunks_per_task or default_chunks_per_task(num_chunks - listed, slots)
-    ranges = [(listed + a, listed + b) for a, b in group_chunks(num_chunks - listed, per)]
-    tasks = [
-        Task(
-            task_name("stage2", i, len(ranges), span([a, b - 1], "chunks")),
-            _stage2_task,
-            (args, recipe, probe, a, b),
-            cpus,
-        )
-        for i, (a, b) in enumerate(ranges)
-    ]
-    bar.stage("write", num_chunks, "chunks")
-    bar.advance(listed)
-
-    def on_stage2(i: int, lines: List[str]) -> None:
-        steps.add_lines(ranges[i][0], lines)
-        parsed = [json.loads(line) for line in lines]
-        bar.advance(len(lines), sum(p["bytes"] for p in parsed), sum(p["num_tokens"] for p in parsed))
-
-    stages["write"] = run_stage(session, "stage2", tasks, on_stage2, steps.upload_manifest)
-    bar.end()
+    bins = steps.bin_chunks()
+    ctx = _Stages(session, steps, args, recipe, options, cpus, slots, bar, probe)
+    if bins is not None:
+        # Unpacked: no regroup (stage 2 reads examples through each bin's positions).
+        stages["write"] = _write_bins(ctx, bins)
+    else:
+        _regroup(ctx, sizes, stages)
+        stages["write"] = _write_chunks(ctx, num_chunks)
 
     record = build_record(session, cpus, stages, t0)
     record["durations"] = {
@@ -525,6 +504,98 @@ def _run(
     record["threads"] = session.cpus
     record["total_s"] = time.monotonic() - t0
     return json.loads(steps.finish(json.dumps(record)))
+
+
+@dataclass
+class _Stages:
+    """What the stages after the chunk plan share (the driver's side of `_run`)."""
+
+    session: Session
+    steps: Any
+    args: Dict[str, Any]
+    recipe: Any  # the recipe as a Ray object reference
+    options: RayOptions
+    cpus: int
+    slots: int
+    bar: Any
+    probe: Probe
+
+    def task(self, stage: str, i: int, count: int, what: str, fn: Callable[..., Any], *extra: Any) -> Task:
+        return Task(task_name(stage, i, count, what), fn, (self.args, self.recipe, self.probe, *extra), self.cpus)
+
+
+def _regroup(
+    ctx: _Stages,
+    sizes: List[int],
+    stages: Dict[str, StageResult],
+) -> None:
+    """Shuffled builds: every spill (the stitched tails' too) rewritten in cell order, in the
+    same groups as stage 1 (a file's spill is about as large as the file)."""
+    nspills, regroup = ctx.steps.spills()
+    if not regroup:
+        return
+    spill_sizes = [*sizes, 0][:nspills]
+    groups = group_files(spill_sizes, ctx.options.task_bytes or default_task_bytes(sum(spill_sizes), ctx.slots))
+    tasks = [ctx.task("regroup", i, len(groups), span(g, "files"), _regroup_task, g) for i, g in enumerate(groups)]
+    ctx.bar.stage("regroup", nspills, "spills")
+    stages["regroup"] = run_stage(
+        ctx.session, "regroup", tasks, lambda i, files: ctx.bar.advance(len(files), sum(spill_sizes[f] for f in files))
+    )
+    ctx.bar.end()
+
+
+def _advance(bar: Any, lines: List[str]) -> None:
+    parsed = [json.loads(line) for line in lines]
+    bar.advance(len(lines), sum(p["bytes"] for p in parsed), sum(p["num_tokens"] for p in parsed))
+
+
+def _write_chunks(
+    ctx: _Stages,
+    num_chunks: int,
+) -> StageResult:
+    """Stage 2 of a packed build: ranges of chunks a killed run did not list."""
+    listed = ctx.steps.listed
+    per = ctx.options.chunks_per_task or default_chunks_per_task(num_chunks - listed, ctx.slots)
+    ranges = [(listed + a, listed + b) for a, b in group_chunks(num_chunks - listed, per)]
+    tasks = [
+        ctx.task("stage2", i, len(ranges), span([a, b - 1], "chunks"), _stage2_task, a, b)
+        for i, (a, b) in enumerate(ranges)
+    ]
+    ctx.bar.stage("write", num_chunks, "chunks")
+    ctx.bar.advance(listed)
+
+    def on_stage2(i: int, lines: List[str]) -> None:
+        ctx.steps.add_lines(ranges[i][0], lines)
+        _advance(ctx.bar, lines)
+
+    result = run_stage(ctx.session, "stage2", tasks, on_stage2, ctx.steps.upload_manifest)
+    ctx.bar.end()
+    return result
+
+
+def _write_bins(
+    ctx: _Stages,
+    bins: List[int],
+) -> StageResult:
+    """Stage 2 of an unpacked build: ranges of each bin's chunks (a range never spans two
+    bins: each bin is a chunk plan of its own). Every chunk is sent, a killed run's too: its
+    bins' manifests appear only at the end, and a task keeps the shards it finds."""
+    per = ctx.options.chunks_per_task or default_chunks_per_task(sum(bins), ctx.slots)
+    ranges = [(k, a, b) for k, n in enumerate(bins) for a, b in group_chunks(n, per)]
+    tasks = [
+        ctx.task("stage2", i, len(ranges), f"bin {k} " + span([a, b - 1], "chunks"), _stage2_bin_task, k, a, b)
+        for i, (k, a, b) in enumerate(ranges)
+    ]
+    ctx.bar.stage("write", sum(bins), "chunks")
+
+    def on_stage2(i: int, lines: List[str]) -> None:
+        k, first, _ = ranges[i]
+        ctx.steps.add_bin_lines(k, first, lines)
+        _advance(ctx.bar, lines)
+
+    result = run_stage(ctx.session, "stage2", tasks, on_stage2)
+    ctx.bar.end()
+    return result
 
 
 def _partial(session: Session, cpus: int, stages: Dict[str, StageResult], t0: float) -> Dict[str, Any]:

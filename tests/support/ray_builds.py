@@ -13,6 +13,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import tokshuf
 from tokshuf import _ray
 
+from .steps import same_tree
+
 DATA = Path(__file__).resolve().parent.parent / "data"
 SAMPLE = DATA / "sample"
 NEOX = str(DATA / "gpt-neox-20b.json")
@@ -64,6 +66,8 @@ def build_args(inputs: Sequence[Any], out: Any, **opts: Any) -> Dict[str, Any]:
         errors=opts.pop("errors", "raise"),
         overwrite=opts.pop("overwrite", False),
     )
+    # Unpacked builds' options, only when given (else build_cache's defaults).
+    args.update({k: opts.pop(k) for k in ("packing", "bins", "bin_size") if k in opts})
     assert not opts, opts
     return args
 
@@ -78,6 +82,13 @@ def ray_build(
 def assert_same_cache(a: Path, b: Path) -> None:
     """Every file byte-identical, tokshuf.json but its `build` key."""
     assert_same_files(a, {p.name: p.read_bytes() for p in b.iterdir()})
+
+
+def assert_same_tree(a: Path, b: Path) -> None:
+    """Every file at any depth (an unpacked cache's bin folders) byte-identical, tokshuf.json
+    but its `build` key."""
+    problem = same_tree(a, b)
+    assert problem is None, problem
 
 
 def assert_same_files(a: Path, files: Dict[str, bytes]) -> None:

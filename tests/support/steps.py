@@ -52,6 +52,12 @@ def drive(
     for files in batches(list(range(nfiles)), files_per_call):
         task().stage1(files, 1)
     num_chunks = driver.plan_chunks(1, "{}")
+    bins = driver.bin_chunks()
+    if bins is not None:  # unpacked: each bin's chunks, no regroup
+        for k, n in enumerate(bins):
+            for first in range(0, n, chunks_per_call):
+                driver.add_bin_lines(k, first, task().stage2_bin(k, first, min(first + chunks_per_call, n), 1))
+        return json.loads(driver.finish(json.dumps({"engine": "steps"})))
     nspills, regroup = driver.spills()
     if regroup:
         for files in batches(list(range(nspills)), files_per_call):
@@ -66,6 +72,28 @@ def drive(
 
 def batches(items: List[int], n: int) -> List[List[int]]:
     return [items[i : i + n] for i in range(0, len(items), n)]
+
+
+def tree_files(d: Path) -> Dict[str, bytes]:
+    """Every file under ``d`` (an unpacked cache's bin folders too), by path relative to it."""
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def same_tree(a: Path, b: Path) -> Optional[str]:
+    """None when the folders ``a`` and ``b`` hold the same files at any depth, byte for byte but
+    tokshuf.json's ``build``; else the first difference."""
+    fa, fb = tree_files(a), tree_files(b)
+    if sorted(fa) != sorted(fb):
+        return f"names differ: {sorted(fa)} != {sorted(fb)}"
+    for name in fa:
+        x, y = fa[name], fb[name]
+        if name == "tokshuf.json":
+            mx, my = json.loads(x), json.loads(y)
+            mx.pop("build"), my.pop("build")
+            x, y = json.dumps(mx).encode(), json.dumps(my).encode()
+        if x != y:
+            return f"{name} differs"
+    return None
 
 
 def same_files(a: Path, b: Dict[str, bytes], skip_build: bool = True) -> Optional[str]:

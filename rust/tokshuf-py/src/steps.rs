@@ -23,6 +23,10 @@ fn json_arg(text: &str) -> PyResult<serde_json::Value> {
     serde_json::from_str(text).map_err(|e| to_pyerr(Error::Config(format!("bad JSON argument: {e}"))))
 }
 
+fn parse_lines(lines: &[String]) -> PyResult<Vec<ManifestLine>> {
+    lines.iter().map(|l| serde_json::from_str(l).map_err(|e| to_pyerr(Error::Config(format!("bad manifest line: {e}"))))).collect()
+}
+
 fn no_driver() -> PyErr {
     to_pyerr(Error::Config("internal error: build steps used before begin() (please report)".into()))
 }
@@ -108,6 +112,12 @@ impl BuildSteps {
         run_detached(py, move |_| steps.spills())
     }
 
+    /// Unpacked builds, once planned: each bin's number of chunks; None for a packed build.
+    fn bin_chunks(&self, py: Python<'_>) -> PyResult<Option<Vec<u64>>> {
+        let steps = self.inner.clone();
+        run_detached(py, move |_| steps.bin_chunks())
+    }
+
     /// Rewrite the spills of `files` in cell order (shuffled builds), `threads` at once.
     fn regroup(&self, py: Python<'_>, files: Vec<usize>, threads: usize) -> PyResult<()> {
         let steps = self.inner.clone();
@@ -121,13 +131,25 @@ impl BuildSteps {
         Ok(lines.iter().map(|l| serde_json::to_string(l).unwrap_or_default()).collect())
     }
 
+    /// Unpacked builds: write chunks `first..last` of bin `bin`; their manifest lines as JSON.
+    fn stage2_bin(&self, py: Python<'_>, bin: usize, first: u64, last: u64, threads: usize) -> PyResult<Vec<String>> {
+        let steps = self.inner.clone();
+        let lines = run_detached(py, move |cancel| steps.stage2_bin(bin, first..last, threads, &cancel))?;
+        Ok(lines.iter().map(|l| serde_json::to_string(l).unwrap_or_default()).collect())
+    }
+
+    /// Driver, unpacked builds: the lines of chunks `first, first+1, ...` of bin `bin`.
+    fn add_bin_lines(&self, py: Python<'_>, bin: usize, first: u64, lines: Vec<String>) -> PyResult<()> {
+        let lines = parse_lines(&lines)?;
+        let mut guard = self.driver.lock().map_err(|_| no_driver())?;
+        let driver = guard.as_mut().ok_or_else(no_driver)?;
+        py.detach(|| self.inner.add_bin_lines(driver, bin, first, lines)).map_err(to_pyerr)
+    }
+
     /// Driver: list chunks `first, first+1, ...` in the manifest (written with the GIL
     /// released: in an object store that is an upload).
     fn add_lines(&self, py: Python<'_>, first: u64, lines: Vec<String>) -> PyResult<()> {
-        let lines: Vec<ManifestLine> = lines
-            .iter()
-            .map(|l| serde_json::from_str(l).map_err(|e| to_pyerr(Error::Config(format!("bad manifest line: {e}")))))
-            .collect::<PyResult<_>>()?;
+        let lines = parse_lines(&lines)?;
         let mut guard = self.driver.lock().map_err(|_| no_driver())?;
         let driver = guard.as_mut().ok_or_else(no_driver)?;
         py.detach(|| self.inner.add_lines(driver, first, lines)).map_err(to_pyerr)

@@ -51,12 +51,6 @@ pub fn write_chunks(
     }
     let out = format::bin_dir(&job.out, k);
     std::fs::create_dir_all(&out).map_err(|e| Error::io(&out, e))?;
-    // Temporary files of a killed run (each writer has its own name, so none is reused).
-    for entry in std::fs::read_dir(&out).map_err(|e| Error::io(&out, e))?.flatten() {
-        if entry.file_name().to_str().is_some_and(format::is_tmp) {
-            let _ = std::fs::remove_file(entry.path());
-        }
-    }
     let bound = job.recipe.bins.as_ref().and_then(|b| b.get(k)).copied().unwrap_or(job.recipe.seqlen);
     let spec = ShardSpec {
         seqlen: bound as u64,
@@ -92,6 +86,25 @@ pub fn write_chunks(
     })
 }
 
+/// Remove the temporary files a killed run left in bin `k`'s folder. Only while no writer of
+/// that bin runs: the local engine before it writes the bin, the Ray driver once every task is
+/// done (its tasks write one bin concurrently, so none of them may clear it).
+pub fn remove_tmp(job: &Job, k: usize) -> Result<()> {
+    let out = format::bin_dir(&job.out, k);
+    let entries = match std::fs::read_dir(&out) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::io(&out, e)),
+    };
+    // Each writer has its own temporary name, so none of these is ever reused.
+    for entry in entries.flatten() {
+        if entry.file_name().to_str().is_some_and(format::is_tmp) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+    Ok(())
+}
+
 /// Publish bin `k`'s manifest (every chunk's line, in order).
 pub fn finish_bin(job: &Job, k: usize, plan: &ChunkPlan, lines: &[ManifestLine]) -> Result<()> {
     if lines.len() as u64 != plan.num_chunks() || lines.iter().enumerate().any(|(c, l)| l.shard != format::shard_stem(c as u64)) {
@@ -102,9 +115,15 @@ pub fn finish_bin(job: &Job, k: usize, plan: &ChunkPlan, lines: &[ManifestLine])
     format::write_atomic(&out.join(MANIFEST_NAME), &manifest_text(lines))
 }
 
+/// Every bin's token count over all files (tokshuf.json's `bins[k].num_tokens`): what
+/// `metadata` needs of the summaries, small enough for the Ray driver to keep in its plan.
+pub fn bin_tokens(summaries: &[FileSummary], nbins: usize) -> Vec<u64> {
+    (0..nbins).map(|k| summaries.iter().map(|s| s.bin_tokens.get(k).copied().unwrap_or(0)).sum()).collect()
+}
+
 /// tokshuf.json of an unpacked build once its bins are planned: the totals over all bins, and
-/// one `bins` entry per bin.
-pub fn metadata(job: &Job, plans: &[ChunkPlan], summaries: &[FileSummary], totals: Totals, status: Status, build: Value) -> Metadata {
+/// one `bins` entry per bin (`bin_tokens`: each bin's tokens).
+pub fn metadata(job: &Job, plans: &[ChunkPlan], bin_tokens: &[u64], totals: Totals, status: Status, build: Value) -> Metadata {
     let bounds = job.recipe.bins.clone().unwrap_or_default();
     let mut m = Metadata::new(&job.recipe, status, build);
     m.num_chunks = Some(plans.iter().map(ChunkPlan::num_chunks).sum());
@@ -120,7 +139,7 @@ pub fn metadata(job: &Job, plans: &[ChunkPlan], summaries: &[FileSummary], total
                 max_len: bound as u64,
                 num_chunks: plan.num_chunks(),
                 num_examples: plan.num_contexts(),
-                num_tokens: summaries.iter().map(|s| s.bin_tokens.get(k).copied().unwrap_or(0)).sum(),
+                num_tokens: bin_tokens.get(k).copied().unwrap_or(0),
             })
             .collect(),
     );

@@ -13,8 +13,14 @@
 //! spills), then for a shuffled build `regroup` (spills to cell order, `cell_spills`) and
 //! `stage2` (chunk ranges to shards), reading what they need from the work folder. Every
 //! output is the one-machine builder's (`build::build`): the same bytes.
+//!
+//! An unpacked build (`packing="none"`, `binned`) has one chunk plan per length bin, saved as
+//! `bins.json`: no regroup (stage 2 reads each example through its bin's positions,
+//! `spills::BinSpills`), `stage2_bin` writes a range of one bin's chunks into `bin_KK/`, the
+//! driver keeps each bin's lines (`add_bin_lines`) and `finish` publishes every bin's manifest.
+//! Its output must be a folder every node sees (an object store is refused in `Steps::open`).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::{BufReader, Read};
 use std::ops::Range;
@@ -27,6 +33,7 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::binned;
 use super::cell_spills::{self, cells_name};
 use super::cells::unpack;
 use super::manifest::{manifest_text, Manifest};
@@ -47,6 +54,8 @@ use crate::testhook;
 use crate::tokenize::Tokenizer;
 
 const CHUNK_PLAN: &str = "chunks.json";
+/// The chunk plans of an unpacked build's bins (`PlannedBins`), in the work folder.
+const BIN_PLANS: &str = "bins.json";
 
 /// One build, as every process that runs a step of it sees it.
 pub struct Steps {
@@ -71,9 +80,22 @@ pub struct Driver {
     /// The build lock of a folder output, the lease of an output in a store.
     lock: Option<BuildLock>,
     lease: Option<Lease>,
-    manifest: Manifest,
+    /// manifest.jsonl of a packed build (an unpacked one has one per bin, written at the end).
+    manifest: Option<Manifest>,
+    /// An unpacked build's manifest lines so far, per bin, by chunk.
+    bins: Vec<BTreeMap<u64, ManifestLine>>,
     /// Chunks a killed run listed (their shards are in place): no task needs to write them.
+    /// Always 0 for an unpacked build, whose bin manifests appear only at the end: its tasks
+    /// find the shards a killed run wrote and keep them.
     pub listed: u64,
+}
+
+impl Driver {
+    fn manifest(&mut self) -> Result<&mut Manifest> {
+        self.manifest
+            .as_mut()
+            .ok_or_else(|| Error::Config("internal error: an unpacked build has no single manifest (please report)".into()))
+    }
 }
 
 pub enum Begun {
@@ -89,6 +111,15 @@ struct Planned {
     /// Each file's padded contexts (position, padding ids), for the manifest's `num_tokens`:
     /// so stage 2 reads no summary.
     padded: Vec<Vec<(u64, u32)>>,
+}
+
+/// An unpacked build's plan, written once by the driver: each bin's chunk plan, and what its
+/// tokshuf.json needs of the summaries (so `finish` reads none).
+#[derive(Serialize, Deserialize)]
+struct PlannedBins {
+    plans: Vec<ChunkPlan>,
+    totals: Totals,
+    bin_tokens: Vec<u64>,
 }
 
 /// The tokenizer of `opts`, loaded once per process: a worker runs many tasks of one build, and
@@ -140,10 +171,15 @@ impl Steps {
     /// side effect.
     pub fn open(opts: BuildOptions, shipped: Option<Shipped>) -> Result<Steps> {
         opts.validate()?;
-        if opts.packing.is_unpacked() {
-            // Its steps differ after stage 1 (one chunk plan and manifest per bin).
+        let scratch = opts.local_cell_dir.clone().unwrap_or_else(std::env::temp_dir);
+        let out = Place::new(&opts.output, &scratch)?;
+        if opts.packing.is_unpacked() && out.is_store() {
+            // Its stage 2 reads examples at random through the bins' position files, which
+            // only a folder serves; before anything is loaded or listed.
             return Err(Error::Config(
-                "engine=\"ray\" does not build packing=\"none\" caches yet; build them with the local engine".into(),
+                "engine=\"ray\" builds packing=\"none\" caches into a folder every node sees, not into an object store yet; \
+                 build into a shared folder, or use the local engine"
+                    .into(),
             ));
         }
         let tok = load_tokenizer(&opts)?;
@@ -167,8 +203,6 @@ impl Steps {
                 Shipped { recipe, input_root }
             }
         };
-        let scratch = opts.local_cell_dir.clone().unwrap_or_else(std::env::temp_dir);
-        let out = Place::new(&opts.output, &scratch)?;
         let work = match &out {
             Place::Dir(p) => Place::Dir(resume::work_dir(p, opts.local_cell_dir.as_deref())?),
             Place::Store { .. } => out.child(WORK_NAME),
@@ -218,6 +252,22 @@ impl Steps {
         self.work.read_json(CHUNK_PLAN)?.ok_or_else(|| Error::Config(format!("{}: no chunk plan yet (please report)", self.work)))
     }
 
+    fn planned_bins(&self) -> Result<PlannedBins> {
+        self.work.read_json(BIN_PLANS)?.ok_or_else(|| Error::Config(format!("{}: no bin plans yet (please report)", self.work)))
+    }
+
+    fn unpacked(&self) -> bool {
+        self.recipe.packing.is_unpacked()
+    }
+
+    /// The job of an unpacked build's steps: output and work are folders (`open` refused a store).
+    fn folder_job(&self) -> Result<Job> {
+        match (&self.out, &self.work) {
+            (Place::Dir(_), Place::Dir(work)) => Ok(self.job(work)),
+            _ => Err(Error::Config("internal error: an unpacked build outside a folder (please report)".into())),
+        }
+    }
+
     fn write_meta(&self, meta: &Metadata) -> Result<()> {
         self.out.write(META_NAME, &meta.to_bytes(), &format!("tokshuf.json[{}]", meta.status.as_str()))
     }
@@ -256,17 +306,18 @@ impl Steps {
         }
         resume::init_work(&self.work, &self.recipe, &self.inputs())?;
         if self.out.size(META_NAME)?.is_none() {
-            let shuffle = self.recipe.shuffle;
-            let mut m = Metadata::new(&self.recipe, if shuffle { Status::Building } else { Status::Streaming }, build.clone());
-            if !shuffle {
+            // As `build::build`: an unpacked build is never followed while it streams.
+            let streams = !self.recipe.shuffle && !self.unpacked();
+            let mut m = Metadata::new(&self.recipe, if streams { Status::Streaming } else { Status::Building }, build.clone());
+            if streams {
                 m.num_chunks_ready = Some(0);
             }
             self.write_meta(&m)?;
         }
         testhook::point("start");
-        let manifest = Manifest::open(&self.out, matches!(start, Start::Fresh))?;
-        let listed = manifest.lines.len() as u64;
-        Ok(Begun::Started(Box::new(Driver { lock, lease, manifest, listed })))
+        let manifest = if self.unpacked() { None } else { Some(Manifest::open(&self.out, matches!(start, Start::Fresh))?) };
+        let listed = manifest.as_ref().map_or(0, |m| m.lines.len() as u64);
+        Ok(Begun::Started(Box::new(Driver { lock, lease, manifest, bins: Vec::new(), listed })))
     }
 
     /// Any node: stage 1 of `files` (those a killed run finished are skipped) on `threads`
@@ -299,8 +350,46 @@ impl Steps {
     }
 
     /// Driver, once every file's stage 1 is done: stitch the tails, plan the chunks, publish
-    /// the plan (tokshuf.json "writing"). Returns the number of chunks.
+    /// the plan (tokshuf.json "writing"). Returns the number of chunks (over all bins).
     pub fn plan_chunks(&self, threads: usize, build: &Value) -> Result<u64> {
+        let summaries = self.summaries()?;
+        if self.unpacked() {
+            return self.plan_bins(&summaries, threads, build);
+        }
+        let plan = ChunkPlan::new(&self.recipe, &summaries, self.opts.num_local_cells, &pool(threads)?)?;
+        let totals = plan::totals(&summaries, &self.recipe, plan.cells);
+        let padded = summaries.iter().map(|s| s.padded.clone()).collect();
+        let planned = Planned { plan, totals, padded };
+        self.work.write(CHUNK_PLAN, &format::to_json_bytes(&planned), CHUNK_PLAN)?;
+        self.write_meta(&steps::planned_metadata(&self.recipe, &planned.plan, planned.totals.clone(), build.clone()))?;
+        testhook::point("plan");
+        Ok(planned.plan.num_chunks())
+    }
+
+    /// Unpacked builds: every bin's chunk plan (`binned::plans`, as `build_unpacked`), saved
+    /// for the tasks and `finish`; tokshuf.json "writing".
+    fn plan_bins(&self, summaries: &[FileSummary], threads: usize, build: &Value) -> Result<u64> {
+        let job = self.folder_job()?;
+        let plans = binned::plans(&job, summaries, self.opts.num_local_cells, &pool(threads)?)?;
+        let totals = plan::totals(summaries, &self.recipe, None);
+        let planned = PlannedBins { bin_tokens: binned::bin_tokens(summaries, plans.len()), plans, totals };
+        self.work.write(BIN_PLANS, &format::to_json_bytes(&planned), BIN_PLANS)?;
+        let meta = binned::metadata(&job, &planned.plans, &planned.bin_tokens, planned.totals.clone(), Status::Writing, build.clone());
+        self.write_meta(&meta)?;
+        testhook::point("plan");
+        Ok(planned.plans.iter().map(ChunkPlan::num_chunks).sum())
+    }
+
+    /// Unpacked builds: the number of chunks of each bin, once planned; None for a packed build.
+    pub fn bin_chunks(&self) -> Result<Option<Vec<u64>>> {
+        if !self.unpacked() {
+            return Ok(None);
+        }
+        Ok(Some(self.planned_bins()?.plans.iter().map(ChunkPlan::num_chunks).collect()))
+    }
+
+    /// Every file's summary, and the stitched tails' (made now if no run made them yet).
+    fn summaries(&self) -> Result<Vec<FileSummary>> {
         let n = self.recipe.inputs.len();
         let mut summaries: Vec<FileSummary> = (0..n)
             .map(|f| self.summary(f)?.ok_or_else(|| Error::Config(format!("stage 1 left file {f} unfinished"))))
@@ -319,14 +408,7 @@ impl Steps {
             };
             summaries.extend(stitched);
         }
-        let plan = ChunkPlan::new(&self.recipe, &summaries, self.opts.num_local_cells, &pool(threads)?)?;
-        let totals = plan::totals(&summaries, &self.recipe, plan.cells);
-        let padded = summaries.iter().map(|s| s.padded.clone()).collect();
-        let planned = Planned { plan, totals, padded };
-        self.work.write(CHUNK_PLAN, &format::to_json_bytes(&planned), CHUNK_PLAN)?;
-        self.write_meta(&steps::planned_metadata(&self.recipe, &planned.plan, planned.totals.clone(), build.clone()))?;
-        testhook::point("plan");
-        Ok(planned.plan.num_chunks())
+        Ok(summaries)
     }
 
     /// Spills of the planned build (the input files', then the stitched tails'), and whether
@@ -467,6 +549,17 @@ impl Steps {
         }
     }
 
+    /// Any node, unpacked builds: write chunks `chunks` of bin `bin` into `bin_KK/` (a shard
+    /// already there is kept, as a resumed build needs); their manifest lines, in chunk order.
+    pub fn stage2_bin(&self, bin: usize, chunks: Range<u64>, threads: usize, cancel: &Arc<AtomicBool>) -> Result<Vec<ManifestLine>> {
+        testhook::init();
+        let planned = self.planned_bins()?;
+        let plan =
+            planned.plans.get(bin).ok_or_else(|| Error::Config(format!("internal error: no bin {bin} in the plan (please report)")))?;
+        let chunks = chunks.start..chunks.end.min(plan.num_chunks());
+        binned::write_chunks(&self.folder_job()?, bin, plan, chunks, &pool(threads)?, cancel, &|_, _| Ok(()))
+    }
+
     /// Where stage 2 reads the contexts of its cells: each file's cell-ordered spill in place
     /// (a folder), or its part of it downloaded into one local file (a store), one ranged
     /// read per file, several at once.
@@ -518,12 +611,27 @@ impl Steps {
 
     /// Driver: list chunks `first, first+1, ...` in manifest.jsonl (kept a prefix of the final one).
     pub fn add_lines(&self, driver: &mut Driver, first: u64, lines: Vec<ManifestLine>) -> Result<()> {
-        let before = driver.manifest.lines.len();
+        let manifest = driver.manifest()?;
+        let before = manifest.lines.len();
         for (i, line) in lines.into_iter().enumerate() {
-            driver.manifest.add(first + i as u64, line)?;
+            manifest.add(first + i as u64, line)?;
         }
-        if driver.manifest.lines.len() > before {
+        if manifest.lines.len() > before {
             testhook::point("stage2.listed"); // manifest.jsonl grew
+        }
+        Ok(())
+    }
+
+    /// Driver, unpacked builds: the lines of chunks `first, first+1, ...` of bin `bin`, kept
+    /// until `finish` publishes the bin's manifest.
+    pub fn add_bin_lines(&self, driver: &mut Driver, bin: usize, first: u64, lines: Vec<ManifestLine>) -> Result<()> {
+        if bin >= driver.bins.len() {
+            driver.bins.resize_with(bin + 1, BTreeMap::new);
+        }
+        let listed = !lines.is_empty();
+        driver.bins[bin].extend((first..).zip(lines));
+        if listed {
+            testhook::point("stage2.listed"); // the driver holds more written chunks
         }
         Ok(())
     }
@@ -531,17 +639,16 @@ impl Steps {
     /// Driver, from time to time: bring a store's manifest up to date with the chunks listed
     /// (`now`: even if the last upload was a moment ago).
     pub fn upload_manifest(&self, driver: &mut Driver, now: bool) -> Result<()> {
-        driver.manifest.upload(now)
+        match driver.manifest.as_mut() {
+            Some(m) => m.upload(now),
+            None => Ok(()), // unpacked: the bins' manifests are written whole at the end
+        }
     }
 
     /// Driver: the whole manifest, tokshuf.json "complete" (with `build`), then the work
     /// folder and the lock removed.
     pub fn finish(&self, mut driver: Driver, build: &Value) -> Result<Metadata> {
-        let planned = self.planned()?;
-        driver.manifest.close();
-        let lines = &driver.manifest.lines;
-        let meta = steps::complete_metadata(&self.recipe, &planned.plan, planned.totals, lines, build.clone())?;
-        self.out.write(MANIFEST_NAME, &manifest_text(lines), MANIFEST_NAME)?;
+        let meta = if self.unpacked() { self.finish_bins(&driver, build)? } else { self.finish_manifest(&mut driver, build)? };
         self.write_meta(&meta)?;
         testhook::point("complete");
         match &self.work {
@@ -558,6 +665,34 @@ impl Steps {
         if let Some(lease) = driver.lease.take() {
             lease.release()?;
         }
+        Ok(meta)
+    }
+
+    /// A packed build's whole manifest published; its tokshuf.json "complete".
+    fn finish_manifest(&self, driver: &mut Driver, build: &Value) -> Result<Metadata> {
+        let planned = self.planned()?;
+        let manifest = driver.manifest()?;
+        manifest.close();
+        let lines = &manifest.lines;
+        let meta = steps::complete_metadata(&self.recipe, &planned.plan, planned.totals, lines, build.clone())?;
+        self.out.write(MANIFEST_NAME, &manifest_text(lines), MANIFEST_NAME)?;
+        Ok(meta)
+    }
+
+    /// An unpacked build's bin manifests published (each bin's temporary files of tasks that
+    /// died first, as `build_unpacked` does); its tokshuf.json "complete", as `build_unpacked`'s.
+    fn finish_bins(&self, driver: &Driver, build: &Value) -> Result<Metadata> {
+        let planned = self.planned_bins()?;
+        let job = self.folder_job()?;
+        let mut bytes_out = 0;
+        for (k, plan) in planned.plans.iter().enumerate() {
+            binned::remove_tmp(&job, k)?;
+            let lines: Vec<ManifestLine> = driver.bins.get(k).map(|b| b.values().cloned().collect()).unwrap_or_default();
+            binned::finish_bin(&job, k, plan, &lines)?;
+            bytes_out += lines.iter().map(ManifestLine::bytes).sum::<u64>();
+        }
+        let mut meta = binned::metadata(&job, &planned.plans, &planned.bin_tokens, planned.totals, Status::Complete, build.clone());
+        meta.bytes_out = Some(bytes_out);
         Ok(meta)
     }
 }

@@ -237,7 +237,8 @@ fn build_unpacked(run: &mut Run<'_>) -> Result<Metadata> {
     let plans = binned::plans(&run.job, &summaries, run.opts.num_local_cells, &run.pool)?;
     let totals = plan::totals(&summaries, &run.job.recipe, None);
     run.timings.insert("plan_s", t.elapsed().as_secs_f64());
-    let planned = binned::metadata(&run.job, &plans, &summaries, totals.clone(), Status::Writing, run.build_info());
+    let bin_tokens = binned::bin_tokens(&summaries, plans.len());
+    let planned = binned::metadata(&run.job, &plans, &bin_tokens, totals.clone(), Status::Writing, run.build_info());
     steps::write_metadata(&run.job.out, &planned)?;
     testhook::point("plan");
 
@@ -250,6 +251,7 @@ fn build_unpacked(run: &mut Run<'_>) -> Result<Metadata> {
     };
     let mut bytes_out = 0;
     for (k, plan) in plans.iter().enumerate() {
+        binned::remove_tmp(&run.job, k)?;
         let mut lines = Vec::new();
         for group in plan.groups(0, run.budget_ids(plan.chunk_size)) {
             lines.extend(binned::write_chunks(&run.job, k, plan, group, &run.pool, &run.cancel, &on_chunk)?);
@@ -259,7 +261,7 @@ fn build_unpacked(run: &mut Run<'_>) -> Result<Metadata> {
     }
     run.progress.end();
     run.timings.insert("write_s", t.elapsed().as_secs_f64());
-    let mut meta = binned::metadata(&run.job, &plans, &summaries, totals, Status::Complete, run.build_info());
+    let mut meta = binned::metadata(&run.job, &plans, &bin_tokens, totals, Status::Complete, run.build_info());
     meta.bytes_out = Some(bytes_out);
     steps::write_metadata(&run.job.out, &meta)?;
     testhook::point("complete");
