@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Tuple
@@ -21,6 +20,7 @@ from support.ray_builds import (
     assert_same_cache,
     assert_same_tree,
     build_args,
+    build_losing_node,
     local_build,
     ray_build,
     sample_parts,
@@ -337,27 +337,9 @@ def test_worker_node_lost_mid_stage(
     monkeypatch.delenv("TOKSHUF_TEST_PAUSE")
     monkeypatch.delenv("TOKSHUF_TEST_TRACE")
     assert len(cluster.alive_nodes()) == 4
-    result: Dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            options = _ray.RayOptions(cpus_per_task=1, task_bytes=1, chunks_per_task=1)
-            result["meta"] = ray_build(corpus, tmp_path / "ray", options, **opts)
-        except BaseException as e:
-            result["error"] = e
-
-    driver = threading.Thread(target=run)
-    try:
-        with cluster.only_on(node) as free_others:
-            driver.start()
-            wait_for(trace, f"paused {point}", driver.is_alive)
-            free_others()
-    finally:
-        cluster.remove_worker(node)
-    driver.join(timeout=300)
-    assert "error" not in result, result.get("error")
+    meta = build_losing_node(cluster, node, trace, point, corpus, tmp_path / "ray", **opts)
     (assert_same_tree if unpacked else assert_same_cache)(tmp_path / "local", tmp_path / "ray")
-    assert result["meta"]["build"]["nodes"] == 4
+    assert meta["build"]["nodes"] == 4
     assert len(cluster.alive_nodes()) == 3
     assert trace.read_text().count(f"paused {point}") == 1
 

@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Tuple
 
@@ -20,6 +19,7 @@ from support.ray_builds import (
     NEOX,
     assert_same_files,
     build_args,
+    build_losing_node,
     local_build,
     ray_build,
     sample_parts,
@@ -139,25 +139,7 @@ def test_node_lost_mid_upload(
     node = cluster.add_worker()
     monkeypatch.delenv("TOKSHUF_TEST_PAUSE")
     monkeypatch.delenv("TOKSHUF_TEST_TRACE")
-    result: Dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            options = _ray.RayOptions(cpus_per_task=1, task_bytes=1, chunks_per_task=1)
-            result["meta"] = ray_build(urls, store.url("caches/lost"), options, **opts)
-        except BaseException as e:
-            result["error"] = e
-
-    driver = threading.Thread(target=run)
-    try:
-        with cluster.only_on(node) as free_others:
-            driver.start()
-            wait_for(trace, "paused stage2.tmp", driver.is_alive)
-            free_others()
-    finally:
-        cluster.remove_worker(node)
-    driver.join(timeout=300)
-    assert "error" not in result, result.get("error")
+    build_losing_node(cluster, node, trace, "stage2.tmp", urls, store.url("caches/lost"), **opts)
     assert_same_files(want, without_input_names(store_files(store, "caches/lost")))
     assert store.pending_uploads() == []
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -103,6 +104,35 @@ def assert_same_files(a: Path, files: Dict[str, bytes]) -> None:
             assert ma == mb
         else:
             assert (a / name).read_bytes() == files[name], name
+
+
+def build_losing_node(
+    cluster: Any, node: Any, trace: Path, point: str, inputs: Sequence[Any], out: Any, **opts: Any
+) -> Dict[str, Any]:
+    """A Ray build (a file and a chunk per task) during which worker ``node`` is lost: until
+    its first task has paused at testhook ``point`` (written to ``trace``), the other nodes'
+    CPUs are held, so the node runs it whatever the scheduler prefers; then the node is
+    removed. Returns the build's tokshuf.json (the build must succeed)."""
+    result: Dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            options = _ray.RayOptions(cpus_per_task=1, task_bytes=1, chunks_per_task=1)
+            result["meta"] = ray_build(inputs, out, options, **opts)
+        except BaseException as e:
+            result["error"] = e
+
+    driver = threading.Thread(target=run)
+    try:
+        with cluster.only_on(node) as free_others:
+            driver.start()
+            wait_for(trace, f"paused {point}", driver.is_alive)
+            free_others()
+    finally:
+        cluster.remove_worker(node)
+    driver.join(timeout=300)
+    assert "error" not in result, result.get("error")
+    return result["meta"]
 
 
 def wait_for(path: Path, text: str, alive: Optional[Callable[[], bool]], timeout: float = 120.0) -> None:
