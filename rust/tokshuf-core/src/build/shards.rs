@@ -10,7 +10,7 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use rayon::ThreadPool;
@@ -21,7 +21,9 @@ use crate::error::{Error, Result};
 use crate::format::{self, FileSummary, Tail};
 
 /// Read the shards `files` (indices into `paths`) into their spills in `work`. `on_done` hears
-/// of each file finished, on the calling thread; the first error stops the others.
+/// of each file finished, on the calling thread. The error returned is that of the lowest
+/// file that fails, whatever the threads' timing: a failure stops the files after it, the
+/// files before it go on.
 pub fn run(
     cfg: &Arc<Stage1Config>,
     paths: &[PathBuf],
@@ -31,30 +33,30 @@ pub fn run(
     cancel: &Arc<AtomicBool>,
     mut on_done: impl FnMut(usize, &FileSummary) -> Result<()>,
 ) -> Result<()> {
-    let stop = Arc::new(AtomicBool::new(false));
+    let first_bad = Arc::new(AtomicUsize::new(usize::MAX));
     let (tx, rx) = crossbeam_channel::unbounded();
     for &file in files {
-        let (cfg, path, work, cancel, stop, tx) =
-            (cfg.clone(), paths[file].clone(), work.to_path_buf(), cancel.clone(), stop.clone(), tx.clone());
+        let (cfg, path, work, cancel, first_bad, tx) =
+            (cfg.clone(), paths[file].clone(), work.to_path_buf(), cancel.clone(), first_bad.clone(), tx.clone());
         pool.spawn(move || {
-            let halted = || cancel.load(Ordering::Relaxed) || stop.load(Ordering::Relaxed);
+            let halted = || cancel.load(Ordering::Relaxed) || first_bad.load(Ordering::Relaxed) < file;
             let result = if halted() { Err(Error::Interrupted) } else { read_shard(&cfg, &path, file, &work, &halted) };
             let _ = tx.send((file, result));
         });
     }
     drop(tx);
-    let mut first_error = None;
+    let mut worst: Option<(usize, Error)> = None;
     // Every task sends once, so this ends when the last one has: none outlives the call.
     for (file, result) in rx {
-        match result.and_then(|summary| if first_error.is_none() { on_done(file, &summary) } else { Ok(()) }) {
-            Ok(()) => {}
-            Err(e) => {
-                stop.store(true, Ordering::Relaxed);
-                first_error.get_or_insert(e);
+        let result = result.and_then(|summary| if worst.is_none() { on_done(file, &summary) } else { Ok(()) });
+        if let Err(e) = result {
+            first_bad.fetch_min(file, Ordering::Relaxed);
+            if worst.as_ref().is_none_or(|(f, _)| file < *f) {
+                worst = Some((file, e));
             }
         }
     }
-    first_error.map_or(Ok(()), Err)
+    worst.map_or(Ok(()), |(_, e)| Err(e))
 }
 
 /// One shard into the spill and summary of input `file`.
