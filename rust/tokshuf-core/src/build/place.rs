@@ -81,13 +81,7 @@ impl Place {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
                 Err(e) => Err(Error::io(p.join(name), e)),
             },
-            Place::Store { .. } => {
-                let loc = self.location(name);
-                match storage::stat(&loc)? {
-                    None => Ok(None),
-                    Some(n) => storage::get_range(&loc, 0..n).map(Some),
-                }
-            }
+            Place::Store { .. } => storage::get(&self.location(name)),
         }
     }
 

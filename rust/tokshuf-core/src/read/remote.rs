@@ -64,21 +64,13 @@ impl RemoteShards {
     }
 }
 
-/// A small object's bytes, or None when there is none.
-fn fetch(loc: &Location) -> Result<Option<Vec<u8>>> {
-    match storage::stat(loc)? {
-        None => Ok(None),
-        Some(n) => storage::get_range(loc, 0..n).map(Some),
-    }
-}
-
 /// Open the complete cache at `url`, keeping at most `limit` bytes of shards under `cache_dir`
 /// and downloading up to `parallel` shards at once.
 pub fn open_remote(url: &str, cache_dir: &Path, limit: u64, parallel: usize) -> Result<Cache> {
     let root = Location::parse(url.trim_end_matches('/'))?;
     let need = |name: &str| -> Result<Vec<u8>> {
         let loc = root.join(name);
-        fetch(&loc)?.ok_or_else(|| Error::io(PathBuf::from(loc.to_string()), std::io::Error::from(std::io::ErrorKind::NotFound)))
+        storage::get(&loc)?.ok_or_else(|| Error::io(PathBuf::from(loc.to_string()), std::io::Error::from(std::io::ErrorKind::NotFound)))
     };
     let manifest = need(MANIFEST_NAME)?;
     let meta = need(META_NAME)?;
@@ -133,7 +125,7 @@ impl Watch for RemoteWatch {
         st.last = Some(Instant::now());
         // tokshuf.json first: if it says complete, the manifest read after it is the final one
         // (the builder writes the manifest, then tokshuf.json "complete").
-        let Some(meta) = fetch(&self.url.join(META_NAME))? else { return Ok(()) };
+        let Some(meta) = storage::get(&self.url.join(META_NAME))? else { return Ok(()) };
         let mloc = self.url.join(MANIFEST_NAME);
         if let Some(n) = storage::stat(&mloc)?.filter(|&n| n > st.manifest_off) {
             let text = storage::get_range(&mloc, st.manifest_off..n)?;
@@ -208,7 +200,7 @@ pub fn open_remote_follow(
 fn wait_for_meta(root: &Location, timeout: Option<Duration>, cancel: &AtomicBool) -> Result<Vec<u8>> {
     let t0 = Instant::now();
     loop {
-        if let Some(meta) = fetch(&root.join(META_NAME))? {
+        if let Some(meta) = storage::get(&root.join(META_NAME))? {
             return Ok(meta);
         }
         if cancel.load(std::sync::atomic::Ordering::Relaxed) {

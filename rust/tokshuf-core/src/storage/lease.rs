@@ -16,7 +16,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use super::{delete, get_range, put_bytes, stat, Location};
+use super::{delete, get, put_bytes, Location};
 use crate::error::{Error, Result};
 use crate::format::lock::BuildState;
 
@@ -40,8 +40,7 @@ pub fn lease_time() -> Duration {
 }
 
 fn read(loc: &Location) -> Result<Option<Record>> {
-    let Some(n) = stat(loc)? else { return Ok(None) };
-    let bytes = get_range(loc, 0..n)?;
+    let Some(bytes) = get(loc)? else { return Ok(None) };
     Ok(serde_json::from_slice(&bytes).ok())
 }
 

@@ -327,6 +327,18 @@ pub fn get_range(loc: &Location, range: Range<u64>) -> Result<Vec<u8>> {
     Ok(out)
 }
 
+/// The whole file or object, or `None` when there is none. One request of the whole object:
+/// a size asked for first could belong to another version of a file that is rewritten in
+/// place (tokshuf.json, a lease), and the bytes read after it would splice the two.
+pub fn get(loc: &Location) -> Result<Option<Vec<u8>>> {
+    let mut out = Vec::new();
+    match open(loc).and_then(|mut r| r.read_to_end(&mut out).map_err(|e| unwrap_io(loc, e))) {
+        Ok(_) => Ok(Some(out)),
+        Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// The tokshuf error inside an I/O error raised by a `RemoteReader` (or the I/O error itself).
 pub fn unwrap_io(loc: &Location, e: std::io::Error) -> Error {
     if e.get_ref().is_some_and(|inner| inner.is::<Error>()) {

@@ -60,7 +60,7 @@ pub fn publish(local: &Path, dest: &Location, overwrite: bool) -> Result<Publish
     }
 
     let remote_meta = dest.join(META);
-    if let Some(existing) = fetch_small(&remote_meta)? {
+    if let Some(existing) = super::get(&remote_meta)? {
         let existing = read_json(&existing, &remote_meta.to_string())?;
         if recipe(&existing) != recipe(&meta) && !overwrite {
             return Err(Error::OutputExists(format!(
@@ -104,14 +104,6 @@ pub fn publish(local: &Path, dest: &Location, overwrite: bool) -> Result<Publish
 
 /// Least time between two uploads of the manifest's prefix while shards go up.
 const LIST_EVERY: Duration = Duration::from_secs(1);
-
-/// A small object's bytes, or `None` when there is none.
-fn fetch_small(loc: &Location) -> Result<Option<Vec<u8>>> {
-    match stat(loc)? {
-        None => Ok(None),
-        Some(n) => super::get_range(loc, 0..n).map(Some),
-    }
-}
 
 #[cfg(test)]
 mod tests {
