@@ -38,10 +38,10 @@ stdout and to ``--out``.
     python -m benches.build_bench --smoke                  # ~3 MB, one run: checks the script
     python -m benches.build_bench --tokenizers neox,cl100k,r50k,o200k --threads 2 --runs 5
     python -m benches.build_bench --cases input,code,english,i18n --tokenizers neox,cl100k,r50k,o200k
-    python -m benches.build_bench --input /work/corpus/jsonl.zst --with-reference-backend --no-scaling
+    python -m benches.build_bench --input $TOKSHUF_CORPUS/jsonl.zst --with-reference-backend --no-scaling
 
 The default input is ``$TOKSHUF_CORPUS/subset100m/jsonl`` (the corpus folder made by
-../shared/corpus/make_corpus.py), else /work/corpus/subset100m/jsonl.
+../shared/corpus/make_corpus.py), else the committed sample (``benches/corpus.py``).
 
 Run it on a quiet machine: other processes distort every number here. No assertions: it
 measures, it does not check.
@@ -69,7 +69,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # the children run this file directly and import tests.support
 
-DEFAULT_INPUT = str(Path(os.environ.get("TOKSHUF_CORPUS") or "/work/corpus") / "subset100m" / "jsonl")
+from benches.corpus import corpus  # noqa: E402 (after the path above)
+
+DEFAULT_INPUT = str(corpus("subset100m", "jsonl"))
 TOKENIZERS = {
     "neox": str(ROOT / "tests" / "data" / "gpt-neox-20b.json"),
     "cl100k": "tiktoken:cl100k_base",

@@ -44,12 +44,12 @@ from typing import Any, Dict, List
 import tokshuf
 from tokshuf import _ray
 
+from benches.corpus import corpus
 from tests.support.ray_cluster import local_cluster  # sets Ray's loopback environment before Ray loads
 
 ROOT = Path(__file__).resolve().parent.parent
 
 TOKENIZERS = {"neox": str(ROOT / "tests" / "data" / "gpt-neox-20b.json"), "cl100k": "tiktoken:cl100k_base"}
-CORPUS = Path(os.environ.get("TOKSHUF_CORPUS") or "/work/corpus") / "subset100m" / "jsonl"
 
 
 def args_for(inputs: List[str], out: Path, a: argparse.Namespace) -> Dict[str, Any]:
@@ -127,7 +127,7 @@ def med(runs: List[Dict[str, Any]], key: str) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--input", default=str(CORPUS) if CORPUS.exists() else str(ROOT / "tests" / "data" / "sample"))
+    p.add_argument("--input", default=str(corpus("subset100m", "jsonl")))
     p.add_argument("--tokenizer", choices=sorted(TOKENIZERS), default="neox")
     p.add_argument("--cpus", type=int, default=2, help="total CPUs of every configuration (default 2)")
     p.add_argument("--runs", type=int, default=3)

@@ -29,6 +29,8 @@ import tokshuf
 from moto.server import ThreadedMotoServer
 from tokshuf import _core
 
+from benches.corpus import corpus
+
 
 def timed(fn):
     t = time.perf_counter()
@@ -56,7 +58,11 @@ def synthetic(work: str, mb: int) -> list:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--inputs", default="/work/corpus/out/subset100m/jsonl/*")
+    ap.add_argument(
+        "--inputs",
+        default=str(corpus("subset100m", "jsonl") / "*"),
+        help="glob of input files (default: the corpus subset)",
+    )
     ap.add_argument("--work", default=None, help="scratch folder (default: a temporary one)")
     ap.add_argument("--seqlen", type=int, default=2049)
     ap.add_argument("--chunk-size", type=int, default=8192)

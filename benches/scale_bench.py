@@ -1,7 +1,7 @@
 """Builds of 0.5 to 5 GB on one machine within a memory limit, against the disk's raw speed.
 
 The input of size k is k copies of the corpus files (``--input``, default
-``$TOKSHUF_CORPUS/jsonl``, else /work/corpus/jsonl: 532 MB), copied under new names into a
+``$TOKSHUF_CORPUS/jsonl``, 532 MB, else the committed sample), copied under new names into a
 scratch folder deleted at the end; a build of k copies reads the first k of them. For each size
 (``--copies``, default 1,2,4,10: 0.5, 1, 2 and 5 GB) ``--runs`` builds, each in a fresh process,
 with ``memory_limit`` (default 1 GiB), the sizes interleaved run by run so that a machine's
@@ -29,7 +29,7 @@ At most one input and one cache exist at a time (the 5 GB input and its cache ne
     python -m benches.scale_bench                              # 0.5, 1, 2, 5 GB, NeoX, 2 threads
     python -m benches.scale_bench --copies 1 --runs 3          # the 532 MB corpus, 3 builds
     python -m benches.scale_bench --smoke                      # ~3 MB x 1, 2: checks the script
-    python -m benches.scale_bench --input /work/corpus/jsonl.zst --copies 1,10
+    python -m benches.scale_bench --input $TOKSHUF_CORPUS/jsonl.zst --copies 1,10
 """
 
 from __future__ import annotations
@@ -47,8 +47,9 @@ from pathlib import Path
 from typing import Dict, List
 
 from benches.build_bench import TOKENIZERS, machine_info
+from benches.corpus import corpus
 
-DEFAULT_INPUT = str(Path(os.environ.get("TOKSHUF_CORPUS") or "/work/corpus") / "jsonl")
+DEFAULT_INPUT = str(corpus("jsonl"))
 BLOCK = 1 << 20
 SMOKE_BYTES = 3 << 20
 

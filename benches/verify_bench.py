@@ -4,7 +4,7 @@
 
 Builds the cache once (reused when DIR already holds a complete one), then reports MB/s of
 shard data for both modes. Run on a quiet machine; a smoke run on a tiny input:
-    python -m benches.verify_bench --inputs '/work/corpus/out/jsonl/*00000.jsonl' --cache /tmp/vb
+    python -m benches.verify_bench --inputs 'tests/data/sample/kjv.jsonl' --cache DIR
 """
 
 from __future__ import annotations
@@ -13,15 +13,22 @@ import argparse
 import glob
 import json
 import os
+import tempfile
 import time
 
 import tokshuf
 
+from benches.corpus import corpus
+
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--inputs", default="/work/corpus/out/subset100m/jsonl/*")
-    ap.add_argument("--cache", default="/tmp/tokshuf-verify-bench")
+    ap.add_argument(
+        "--inputs",
+        default=str(corpus("subset100m", "jsonl") / "*"),
+        help="glob of input files (default: the corpus subset)",
+    )
+    ap.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "tokshuf-verify-bench"))
     ap.add_argument("--seqlen", type=int, default=2049)
     ap.add_argument("--chunk-size", type=int, default=8192)
     ap.add_argument("--format", default="npy", choices=["npy", "json.gz"])

@@ -1,6 +1,6 @@
 """Regenerate tests/data/sample/ from the benchmark corpus (see README.md here).
 
-    python tests/data/make_sample.py /work/corpus/out/jsonl
+    python tests/data/make_sample.py $TOKSHUF_CORPUS/jsonl
 
 Picks documents of three public-domain or permissively licensed sources, in id order, up to a
 byte budget per source, and writes them as plain jsonl (text, id, source). Deterministic.
