@@ -9,6 +9,7 @@ the store. The staging folder is removed once the cache is published.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import shutil
@@ -41,12 +42,4 @@ def build_to_url(
     stats = build(inputs, stage, local_cell_dir=local_cell_dir, overwrite=overwrite, **options)
     _core._storage_publish(os.fspath(stage), url, overwrite)
     shutil.rmtree(stage, ignore_errors=True)
-    return type(stats)(
-        output=url,
-        num_chunks=stats.num_chunks,
-        num_contexts=stats.num_contexts,
-        num_documents=stats.num_documents,
-        num_tokens=stats.num_tokens,
-        seconds=stats.seconds,
-        metadata=stats.metadata,
-    )
+    return dataclasses.replace(stats, output=url)
