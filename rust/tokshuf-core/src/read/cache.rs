@@ -412,7 +412,6 @@ impl Cache {
 
 #[cfg(test)]
 mod tests {
-    use super::super::members::parse_id_list;
     use super::*;
 
     #[test]
@@ -442,17 +441,6 @@ mod tests {
         let bad = big.replace("shard_00031234", "shard_00031299");
         let e = parse_manifest_all(p, bad.as_bytes(), 4).unwrap_err().to_string();
         assert!(e.contains("line 31235"), "{e}");
-    }
-
-    #[test]
-    fn id_list_parsing() {
-        let mut out = [MaybeUninit::<u32>::uninit(); 3];
-        parse_id_list(b"[1,22,333]", 1000, &mut out).unwrap();
-        assert_eq!(out.map(|x| unsafe { x.assume_init() }), [1, 22, 333]);
-        parse_id_list(b" [ 1 , 2,3 ] ", 1000, &mut out).unwrap();
-        for bad in [&b"[1,2]"[..], b"[1,2,3,4]", b"[1,-2,3]", b"[1,2,3", b"1,2,3", b"[1,2,3]x", b"[1,2,99999]", b"[1,,3]"] {
-            assert!(parse_id_list(bad, 1000, &mut out).is_err(), "{}", String::from_utf8_lossy(bad));
-        }
     }
 
     #[test]
