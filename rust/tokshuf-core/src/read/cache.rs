@@ -22,7 +22,7 @@ use super::gather::copy_rows;
 pub use super::members::Id;
 use super::order::{cache_source, OrderOptions, Source};
 use super::per_process::PerProcess;
-use super::validate::check_shards;
+use super::validate::{check_listed, list_shards};
 pub use super::validate::{
     check_shard, check_shards_of, parse_manifest, parse_manifest_all, read_meta, recipe_fingerprint, CacheMeta, ChunkEntry,
 };
@@ -98,8 +98,9 @@ impl Cache {
         let mpath = root.join(MANIFEST_NAME);
         let text = std::fs::read(&mpath).map_err(|e| Error::corrupt(&mpath, format!("cannot read: {e}")))?;
         let recipe = serde_json::to_string(&meta.raw["recipe"]).unwrap_or_default();
-        // The fingerprint hashes the whole manifest: on another thread, while it is parsed.
-        let (chunks, fingerprint) = std::thread::scope(|s| {
+        // The fingerprint hashes the whole manifest and the folder is listed, each on another
+        // thread, while the manifest is parsed.
+        let (chunks, fingerprint, listed) = std::thread::scope(|s| {
             let hashing = s.spawn(|| {
                 let mut h = Sha256::new();
                 h.update(b"tokshuf-cache-v1\0");
@@ -108,8 +109,9 @@ impl Cache {
                 h.update(recipe.as_bytes());
                 crate::format::hex(&h.finalize())
             });
+            let listing = check_files.then(|| s.spawn(|| list_shards(root)));
             let chunks = parse_manifest_all(&mpath, &text, meta.chunk_size);
-            (chunks, hashing.join())
+            (chunks, hashing.join(), listing.map(|l| l.join()))
         });
         let chunks = chunks?;
         let fingerprint = fingerprint.map_err(|_| Error::Config("manifest hashing thread panicked".into()))?;
@@ -134,8 +136,9 @@ impl Cache {
                 format!("line {}: only the last chunk of a shuffled cache may hold fewer than {} contexts", k + 1, meta.chunk_size),
             ));
         }
-        if check_files {
-            check_shards(root, &chunks)?;
+        if let Some(listed) = listed {
+            let listed = listed.map_err(|_| Error::Config("folder listing thread panicked".into()))??;
+            check_listed(root, &chunks, listed)?;
         }
         Ok(Cache::from_parts(root, meta, chunks, Some(fingerprint), None))
     }

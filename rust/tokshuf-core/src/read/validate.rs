@@ -278,17 +278,32 @@ pub fn check_shards_of(root: &Path, chunks: &[ChunkEntry]) -> Result<()> {
 /// shard: the listing's file types are enough). Sizes are checked when each shard is first
 /// mapped (`Layout::open`), so opening a cache of 100,000 chunks costs one listing.
 pub(super) fn check_shards(root: &Path, chunks: &[ChunkEntry]) -> Result<()> {
-    let mut found = vec![false; chunks.len()];
+    check_listed(root, chunks, list_shards(root)?)
+}
+
+/// The shards in `root`'s listing: their numbers, and whether each is a regular file. (Needs
+/// no manifest: `Cache::open` lists the folder while it parses the manifest.)
+pub(super) fn list_shards(root: &Path) -> Result<Vec<(u64, bool)>> {
+    let mut listed = Vec::new();
     for e in std::fs::read_dir(root).map_err(|e| Error::io(root, e))? {
         let e = e.map_err(|e| Error::io(root, e))?;
         if let Some(c) = shard_number(&e.file_name()) {
-            if let Some(slot) = found.get_mut(c as usize) {
-                let kind = e.file_type().map_err(|err| Error::corrupt(shard_path(root, c), format!("cannot stat shard: {err}")))?;
-                if !kind.is_file() {
-                    return Err(Error::corrupt(shard_path(root, c), "not a regular file"));
-                }
-                *slot = true;
+            let kind = e.file_type().map_err(|err| Error::corrupt(shard_path(root, c), format!("cannot stat shard: {err}")))?;
+            listed.push((c, kind.is_file()));
+        }
+    }
+    Ok(listed)
+}
+
+/// `check_shards` on a listing from `list_shards`.
+pub(super) fn check_listed(root: &Path, chunks: &[ChunkEntry], listed: Vec<(u64, bool)>) -> Result<()> {
+    let mut found = vec![false; chunks.len()];
+    for (c, is_file) in listed {
+        if let Some(slot) = found.get_mut(c as usize) {
+            if !is_file {
+                return Err(Error::corrupt(shard_path(root, c), "not a regular file"));
             }
+            *slot = true;
         }
     }
     match found.iter().position(|&f| !f) {
