@@ -16,6 +16,7 @@ use memmap2::Mmap;
 use sha2::{Digest, Sha256};
 
 use super::block_cache::BlockCache;
+use super::buffers::BufferPool;
 use super::chunk::Chunk;
 pub use super::chunk::Layout;
 use super::gather::copy_rows;
@@ -78,6 +79,8 @@ pub struct Cache {
     blocks: PerProcess<BlockCache>,
     /// A cache in an object store: shards are brought into `root` before they are mapped.
     remote: Option<Arc<super::remote::RemoteShards>>,
+    /// Buffers of the batches of this cache's readers, for the next batches.
+    pub buffers: Arc<BufferPool>,
 }
 
 impl std::fmt::Debug for Cache {
@@ -171,6 +174,7 @@ impl Cache {
             maps: PerProcess::new(),
             blocks: PerProcess::new(),
             remote: None,
+            buffers: Arc::new(BufferPool::new()),
         }
     }
 

@@ -26,41 +26,25 @@ pub trait Id: Copy + Default + Send + Sync + 'static {
 /// copies (uint16 ids into int32 or int64 batches) need to keep up with memory.
 #[inline]
 fn widen<S: Copy, T>(src: &[S], out: &mut [MaybeUninit<T>], f: impl Fn(S) -> T) {
+    #[inline(always)]
+    fn plain<S: Copy, T>(src: &[S], out: &mut [MaybeUninit<T>], f: impl Fn(S) -> T) {
+        for (o, &x) in out.iter_mut().zip(src) {
+            o.write(f(x));
+        }
+    }
     #[cfg(target_arch = "x86_64")]
     {
+        #[target_feature(enable = "avx2")]
+        unsafe fn avx2<S: Copy, T>(src: &[S], out: &mut [MaybeUninit<T>], f: impl Fn(S) -> T) {
+            plain(src, out, f)
+        }
         if std::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU has AVX2.
-            return unsafe { stream_avx2(src, out, f) };
+            return unsafe { avx2(src, out, f) };
         }
     }
     plain(src, out, f)
 }
-
-#[inline(always)]
-fn plain<S: Copy, T>(src: &[S], out: &mut [MaybeUninit<T>], f: impl Fn(S) -> T) {
-    for (o, &x) in out.iter_mut().zip(src) {
-        o.write(f(x));
-    }
-}
-
-/// `plain` with the output's stores aligned. Rows are `seqlen` ids long, so in a batch of
-/// int32 or int64 rows most rows start off a 32-byte boundary: every other vector store of
-/// the compiler's loop would then straddle two cache lines, which costs the store port twice
-/// and made widening rows half the speed of NumPy's conversion (whose output is aligned).
-/// The first few ids are converted one by one, up to the boundary; the source's loads may
-/// straddle lines instead, which the load ports absorb.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn stream_avx2<S: Copy, T>(src: &[S], out: &mut [MaybeUninit<T>], f: impl Fn(S) -> T) {
-    let size = std::mem::size_of::<T>();
-    let n = src.len().min(out.len());
-    // Elements up to the first 32-byte boundary of `out` (T's alignment is its size, a power
-    // of two up to 8, so the boundary falls on an element).
-    let head = ((32 - out.as_ptr() as usize % 32) % 32 / size.max(1)).min(n);
-    plain(&src[..head], &mut out[..head], &f);
-    plain(&src[head..n], &mut out[head..n], &f);
-}
-
 impl Id for u16 {
     #[inline]
     fn from_id(x: u32) -> Self {
