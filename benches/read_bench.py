@@ -344,7 +344,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--batch-size", type=int, default=512)
     ap.add_argument("--tokens", type=float, default=200e6, help="tokens per timed run")
     ap.add_argument("--runs", type=int, default=3, help="interleaved runs per figure (median)")
-    ap.add_argument("--dtypes", default="uint16,int32", help="output dtypes")
+    ap.add_argument("--dtypes", default="uint16,int32,int64", help="output dtypes")
     ap.add_argument("--open-chunks", type=int, default=100_000)
     ap.add_argument("--smoke", action="store_true", help="tiny sizes: check that the script runs")
     ap.add_argument("--json", help="write results here")
@@ -397,7 +397,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("ratios (wall, then per CPU-s):")
         for name, v in results.items():
             if isinstance(v, dict) and "mtok_per_s" in v and not name.startswith("numpy"):
-                dtype = "int32" if "int32" in name else "uint16"
+                dtype = next((d for d in ("int64", "int32", "uint32") if d in name), "uint16")
                 ref = results.get(f"numpy copy -> {dtype}")
                 if ref:
                     v["vs_copy"] = v["mtok_per_s"] / ref["mtok_per_s"]

@@ -326,6 +326,45 @@ def test_dtypes(caches, dtype):
     assert x.shape == (4, 23)
 
 
+def test_readers_of_one_cache_share_its_batch_buffers(caches):
+    """A Cache hands the buffers of batches freed by one reader to the next (a new single pass
+    reuses them); readers of other dtypes and batch sizes, interleaved, still read their own."""
+    cache = tokshuf.Cache(caches["npy"])
+    want = {
+        (dtype, batch): [
+            b.astype(np.int64).tolist()
+            for b in tokshuf.Reader(caches["npy"], batch_size=batch, dtype=dtype, single_pass=True)
+        ]
+        for dtype in ("uint16", "int64")
+        for batch in (3, 4)
+    }
+    readers = {key: tokshuf.Reader(cache, batch_size=key[1], dtype=key[0], single_pass=True) for key in want}
+    got = {key: [] for key in want}
+    while readers:
+        for key, r in list(readers.items()):
+            b = next(r, None)
+            if b is None:
+                del readers[key]
+            else:
+                got[key].append(b.astype(np.int64).tolist())
+    assert got == want
+
+    def address(b):
+        return b.__array_interface__["data"][0]
+
+    def one_batch():
+        return next(tokshuf.Reader(cache, batch_size=16, dtype="int64", prefetch=0, single_pass=True))
+
+    first = one_batch()
+    held = address(first)
+    del first
+    # Memory freed now would go to the next allocation of its size: this one.
+    taken = np.empty(16 * 24, np.int64)
+    again = one_batch()
+    assert address(taken) != held
+    assert address(again) == held, "the second single pass fills the first one's buffer"
+
+
 def test_reader_pickles(caches):
     import pickle
 

@@ -39,29 +39,48 @@ element!(u32, U32);
 element!(i32, I32);
 element!(i64, I64);
 
-/// Buffers of batches given back, at most `keep` of them (as many as read-ahead keeps in
-/// flight: holding more would only hold memory).
+/// Buffers of batches given back. A cache owns one pool, shared by its readers one after the
+/// other (a new single pass reuses the last one's buffers instead of faulting in new ones), and
+/// holds at most as many buffers as its readers keep in flight (holding more would only hold
+/// memory), two when none is reading.
 pub struct BufferPool {
-    keep: AtomicUsize,
+    /// Buffers the readers alive now keep in flight, in all (`Reservation`s).
+    reserved: AtomicUsize,
     /// Per process: a child forked while a parent's thread held the lock starts empty.
     free: PerProcess<Mutex<Vec<Batch>>>,
 }
 
 impl std::fmt::Debug for BufferPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "BufferPool(keep {})", self.keep.load(Ordering::Relaxed))
+        write!(f, "BufferPool(keep {})", self.keep())
     }
 }
 
+/// One reader's share of a pool's `reserved`, given back when the reader is dropped.
+#[derive(Debug, Default)]
+pub struct Reservation(AtomicUsize);
+
 impl BufferPool {
-    /// Enough for one batch being read while the consumer holds the previous one.
     pub fn new() -> BufferPool {
-        BufferPool { keep: AtomicUsize::new(2), free: PerProcess::new() }
+        BufferPool { reserved: AtomicUsize::new(0), free: PerProcess::new() }
     }
 
-    /// Keep up to `n` buffers (never fewer than 2).
-    pub fn keep(&self, n: usize) {
-        self.keep.store(n.max(2), Ordering::Relaxed);
+    /// Buffers held at most: one batch being read while the consumer holds the previous one,
+    /// or what the readers keep in flight.
+    fn keep(&self) -> usize {
+        self.reserved.load(Ordering::Relaxed).max(2)
+    }
+
+    /// The reader holding `r` keeps `n` buffers in flight now (0: it is done).
+    pub fn reserve(&self, r: &Reservation, n: usize) {
+        let old = r.0.swap(n, Ordering::Relaxed);
+        if n >= old {
+            self.reserved.fetch_add(n - old, Ordering::Relaxed);
+        } else {
+            self.reserved.fetch_sub(old - n, Ordering::Relaxed);
+            let keep = self.keep();
+            self.free().truncate(keep);
+        }
     }
 
     fn free(&self) -> std::sync::MutexGuard<'_, Vec<Batch>> {
@@ -89,7 +108,7 @@ impl BufferPool {
     /// A batch the consumer is done with.
     pub fn give(&self, b: Batch) {
         let mut free = self.free();
-        if free.len() < self.keep.load(Ordering::Relaxed) {
+        if free.len() < self.keep() {
             free.push(b);
         }
     }
@@ -120,10 +139,17 @@ mod tests {
             pool.give(Batch::I64(vec![0; 4]));
         }
         assert_eq!(pool.free().len(), 2, "at most `keep` buffers are held");
-        pool.keep(4);
-        for _ in 0..5 {
+        let (a, b) = (Reservation::default(), Reservation::default());
+        pool.reserve(&a, 3);
+        pool.reserve(&b, 1);
+        pool.reserve(&a, 4);
+        for _ in 0..6 {
             pool.give(Batch::I64(vec![0; 4]));
         }
-        assert_eq!(pool.free().len(), 4);
+        assert_eq!(pool.free().len(), 5, "what both readers keep in flight");
+        pool.reserve(&a, 0);
+        assert_eq!(pool.free().len(), 2, "a reader done: back to two");
+        pool.reserve(&b, 0);
+        assert_eq!(pool.reserved.load(Ordering::Relaxed), 0);
     }
 }

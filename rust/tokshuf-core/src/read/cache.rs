@@ -16,13 +16,14 @@ use memmap2::Mmap;
 use sha2::{Digest, Sha256};
 
 use super::block_cache::BlockCache;
+use super::buffers::BufferPool;
 use super::chunk::Chunk;
 pub use super::chunk::Layout;
 use super::gather::copy_rows;
 pub use super::members::Id;
 use super::order::{cache_source, OrderOptions, Source};
 use super::per_process::PerProcess;
-use super::validate::check_shards;
+use super::validate::{check_listed, list_shards};
 pub use super::validate::{
     check_shard, check_shards_of, parse_manifest, parse_manifest_all, read_meta, recipe_fingerprint, CacheMeta, ChunkEntry,
 };
@@ -78,6 +79,8 @@ pub struct Cache {
     blocks: PerProcess<BlockCache>,
     /// A cache in an object store: shards are brought into `root` before they are mapped.
     remote: Option<Arc<super::remote::RemoteShards>>,
+    /// Buffers of the batches of this cache's readers, for the next batches.
+    pub buffers: Arc<BufferPool>,
 }
 
 impl std::fmt::Debug for Cache {
@@ -98,8 +101,9 @@ impl Cache {
         let mpath = root.join(MANIFEST_NAME);
         let text = std::fs::read(&mpath).map_err(|e| Error::corrupt(&mpath, format!("cannot read: {e}")))?;
         let recipe = serde_json::to_string(&meta.raw["recipe"]).unwrap_or_default();
-        // The fingerprint hashes the whole manifest: on another thread, while it is parsed.
-        let (chunks, fingerprint) = std::thread::scope(|s| {
+        // The fingerprint hashes the whole manifest and the folder is listed, each on another
+        // thread, while the manifest is parsed.
+        let (chunks, fingerprint, listed) = std::thread::scope(|s| {
             let hashing = s.spawn(|| {
                 let mut h = Sha256::new();
                 h.update(b"tokshuf-cache-v1\0");
@@ -108,8 +112,9 @@ impl Cache {
                 h.update(recipe.as_bytes());
                 crate::format::hex(&h.finalize())
             });
+            let listing = check_files.then(|| s.spawn(|| list_shards(root)));
             let chunks = parse_manifest_all(&mpath, &text, meta.chunk_size);
-            (chunks, hashing.join())
+            (chunks, hashing.join(), listing.map(|l| l.join()))
         });
         let chunks = chunks?;
         let fingerprint = fingerprint.map_err(|_| Error::Config("manifest hashing thread panicked".into()))?;
@@ -134,8 +139,9 @@ impl Cache {
                 format!("line {}: only the last chunk of a shuffled cache may hold fewer than {} contexts", k + 1, meta.chunk_size),
             ));
         }
-        if check_files {
-            check_shards(root, &chunks)?;
+        if let Some(listed) = listed {
+            let listed = listed.map_err(|_| Error::Config("folder listing thread panicked".into()))??;
+            check_listed(root, &chunks, listed)?;
         }
         Ok(Cache::from_parts(root, meta, chunks, Some(fingerprint), None))
     }
@@ -168,6 +174,7 @@ impl Cache {
             maps: PerProcess::new(),
             blocks: PerProcess::new(),
             remote: None,
+            buffers: Arc::new(BufferPool::new()),
         }
     }
 
@@ -412,7 +419,6 @@ impl Cache {
 
 #[cfg(test)]
 mod tests {
-    use super::super::members::parse_id_list;
     use super::*;
 
     #[test]
@@ -442,17 +448,6 @@ mod tests {
         let bad = big.replace("shard_00031234", "shard_00031299");
         let e = parse_manifest_all(p, bad.as_bytes(), 4).unwrap_err().to_string();
         assert!(e.contains("line 31235"), "{e}");
-    }
-
-    #[test]
-    fn id_list_parsing() {
-        let mut out = [MaybeUninit::<u32>::uninit(); 3];
-        parse_id_list(b"[1,22,333]", 1000, &mut out).unwrap();
-        assert_eq!(out.map(|x| unsafe { x.assume_init() }), [1, 22, 333]);
-        parse_id_list(b" [ 1 , 2,3 ] ", 1000, &mut out).unwrap();
-        for bad in [&b"[1,2]"[..], b"[1,2,3,4]", b"[1,-2,3]", b"[1,2,3", b"1,2,3", b"[1,2,3]x", b"[1,2,99999]", b"[1,,3]"] {
-            assert!(parse_id_list(bad, 1000, &mut out).is_err(), "{}", String::from_utf8_lossy(bad));
-        }
     }
 
     #[test]

@@ -11,7 +11,8 @@ use std::sync::Arc;
 use memmap2::Mmap;
 
 use super::block_cache::{BlockCache, Decoded};
-use super::members::{copy_ids, header_name_is, index_members, member_size, parse_id_list, Id};
+use super::id_list::parse_id_list;
+use super::members::{copy_ids, header_name_is, index_members, member_size, Id};
 use super::validate::ChunkEntry;
 use crate::error::{Error, Result};
 use crate::format::{self, Blocking, Dtype, Format, TAR_BLOCK};

@@ -1,5 +1,5 @@
 //! Reading tar members (DESIGN §3): ids into the reader's output types, the member index of
-//! shards whose members vary in size (`json.gz`, `blocks.zst`), and `json.gz` id lists.
+//! shards whose members vary in size (`json.gz`, `blocks.zst`).
 
 use std::mem::MaybeUninit;
 use std::path::Path;
@@ -179,61 +179,4 @@ pub(super) fn index_members(path: &Path, data: &[u8], chunk: u64, n: u64, fmt: F
         return Err(Error::corrupt(path, format!("expected the end of the archive after {n} members at byte {off}")));
     }
     Ok(members)
-}
-
-/// Parse a compact JSON list of ids (`[1,2,3]`, whitespace tolerated) into `out` exactly.
-pub(super) fn parse_id_list<T: Id>(text: &[u8], max: u64, out: &mut [MaybeUninit<T>]) -> std::result::Result<(), String> {
-    let mut pos = 0usize;
-    let skip_ws = |pos: &mut usize| {
-        while *pos < text.len() && matches!(text[*pos], b' ' | b'\n' | b'\r' | b'\t') {
-            *pos += 1;
-        }
-    };
-    skip_ws(&mut pos);
-    if text.get(pos) != Some(&b'[') {
-        return Err("not a JSON list of ids".into());
-    }
-    pos += 1;
-    let mut count = 0usize;
-    loop {
-        skip_ws(&mut pos);
-        if count == 0 && text.get(pos) == Some(&b']') {
-            pos += 1;
-            break;
-        }
-        let start = pos;
-        let mut v: u64 = 0;
-        while pos < text.len() && text[pos].is_ascii_digit() {
-            v = v * 10 + (text[pos] - b'0') as u64;
-            if v > max {
-                return Err(format!("id at position {count} exceeds {max}"));
-            }
-            pos += 1;
-        }
-        if pos == start {
-            return Err(format!("position {count} is not a non-negative integer"));
-        }
-        if count >= out.len() {
-            return Err(format!("more than {} ids", out.len()));
-        }
-        out[count].write(T::from_id(v as u32));
-        count += 1;
-        skip_ws(&mut pos);
-        match text.get(pos) {
-            Some(b',') => pos += 1,
-            Some(b']') => {
-                pos += 1;
-                break;
-            }
-            _ => return Err("malformed JSON list".into()),
-        }
-    }
-    skip_ws(&mut pos);
-    if pos != text.len() {
-        return Err("trailing bytes after the JSON list".into());
-    }
-    if count != out.len() {
-        return Err(format!("{count} ids, expected {}", out.len()));
-    }
-    Ok(())
 }

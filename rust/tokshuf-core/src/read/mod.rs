@@ -8,6 +8,7 @@ pub mod cache;
 mod chunk;
 pub mod follow;
 mod gather;
+mod id_list;
 mod manifest_line;
 mod members;
 pub mod order;

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 
-use super::buffers::{BufferPool, Element};
+use super::buffers::{BufferPool, Element, Reservation};
 use crate::error::{Error, Result};
 use crate::read::cache::{Cache, Id};
 use crate::read::order::{Loc, Source};
@@ -64,8 +64,16 @@ pub struct BatchSpec {
     /// end is found by `has_batch_wait`.
     pub end_pending: bool,
     pub drop_last: bool,
-    /// Buffers of batches the consumer gave back.
+    /// Buffers of batches the consumer gave back (the first cache's pool).
     pub buffers: Arc<BufferPool>,
+    /// This reader's share of what `buffers` holds.
+    reserved: Reservation,
+}
+
+impl Drop for BatchSpec {
+    fn drop(&mut self) {
+        self.buffers.reserve(&self.reserved, 0);
+    }
 }
 
 /// A cancel flag nobody sets.
@@ -113,8 +121,9 @@ impl BatchSpec {
         }
         let end = source.num_examples().map(|n| end_of(n, batch_size, drop_last));
         let end_pending = source.len_pending();
-        let buffers = Arc::new(BufferPool::new());
-        Ok(BatchSpec { caches, source, batch_size, rank, world_size, seqlen, dtype, end, end_pending, drop_last, buffers })
+        let buffers = caches[0].buffers.clone();
+        let reserved = Reservation::default();
+        Ok(BatchSpec { caches, source, batch_size, rank, world_size, seqlen, dtype, end, end_pending, drop_last, buffers, reserved })
     }
 
     /// Does any cache follow a running build (so reads may wait)?
@@ -249,7 +258,7 @@ impl Assemble for BatchSpec {
         self.assemble_wait(first, cancel).map(Some)
     }
     fn in_flight(&self, batches: usize) {
-        self.buffers.keep(batches);
+        self.buffers.reserve(&self.reserved, batches);
     }
 }
 

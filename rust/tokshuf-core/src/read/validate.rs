@@ -135,11 +135,16 @@ pub fn read_meta_any(root: &Path, complete_only: bool) -> Result<CacheMeta> {
 
 /// `name` is `shard_{k:08}` (compared without formatting a string per line).
 fn is_stem(name: &[u8], k: u64) -> bool {
-    let Some(digits) = name.strip_prefix(b"shard_") else { return false };
+    stem_number(name) == Some(k)
+}
+
+/// c, for the name `shard_{c:08}` exactly (no other spelling of the number).
+fn stem_number(name: &[u8]) -> Option<u64> {
+    let digits = name.strip_prefix(b"shard_")?;
     if digits.len() < 8 || (digits.len() > 8 && digits[0] == b'0') || !digits.iter().all(u8::is_ascii_digit) {
-        return false;
+        return None;
     }
-    digits.iter().try_fold(0u64, |v, &d| v.checked_mul(10)?.checked_add((d - b'0') as u64)) == Some(k)
+    digits.iter().try_fold(0u64, |v, &d| v.checked_mul(10)?.checked_add((d - b'0') as u64))
 }
 
 /// Parse manifest lines starting at line number `first` (0-based; follow mode appends).
@@ -251,13 +256,7 @@ pub fn recipe_fingerprint(raw: &Value) -> String {
 
 /// Chunk number of a shard file name `shard_NNNNNNNN.tar` (as the builder writes it).
 fn shard_number(name: &std::ffi::OsStr) -> Option<u64> {
-    let name = name.to_str()?;
-    let digits = name.strip_prefix("shard_")?.strip_suffix(".tar")?;
-    if digits.len() < 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let c: u64 = digits.parse().ok()?;
-    (format::shard_stem(c) + ".tar" == name).then_some(c)
+    stem_number(name.as_encoded_bytes().strip_suffix(b".tar")?)
 }
 
 /// Check every shard of an unpacked cache's bin in `root` and its `.idx` sidecar's size (the
@@ -278,21 +277,63 @@ pub fn check_shards_of(root: &Path, chunks: &[ChunkEntry]) -> Result<()> {
 /// shard: the listing's file types are enough). Sizes are checked when each shard is first
 /// mapped (`Layout::open`), so opening a cache of 100,000 chunks costs one listing.
 pub(super) fn check_shards(root: &Path, chunks: &[ChunkEntry]) -> Result<()> {
-    let mut found = vec![false; chunks.len()];
+    check_listed(root, chunks, list_shards(root)?)
+}
+
+/// The shards in `root`'s listing: their numbers, and whether each is a regular file. (Needs
+/// no manifest: `Cache::open` lists the folder while it parses the manifest.)
+pub(super) fn list_shards(root: &Path) -> Result<Vec<(u64, bool)>> {
+    let mut listed = Vec::new();
     for e in std::fs::read_dir(root).map_err(|e| Error::io(root, e))? {
         let e = e.map_err(|e| Error::io(root, e))?;
         if let Some(c) = shard_number(&e.file_name()) {
-            if let Some(slot) = found.get_mut(c as usize) {
-                let kind = e.file_type().map_err(|err| Error::corrupt(shard_path(root, c), format!("cannot stat shard: {err}")))?;
-                if !kind.is_file() {
-                    return Err(Error::corrupt(shard_path(root, c), "not a regular file"));
-                }
-                *slot = true;
+            let kind = e.file_type().map_err(|err| Error::corrupt(shard_path(root, c), format!("cannot stat shard: {err}")))?;
+            listed.push((c, kind.is_file()));
+        }
+    }
+    Ok(listed)
+}
+
+/// `check_shards` on a listing from `list_shards`.
+pub(super) fn check_listed(root: &Path, chunks: &[ChunkEntry], listed: Vec<(u64, bool)>) -> Result<()> {
+    let mut found = vec![false; chunks.len()];
+    for (c, is_file) in listed {
+        if let Some(slot) = found.get_mut(c as usize) {
+            if !is_file {
+                return Err(Error::corrupt(shard_path(root, c), "not a regular file"));
             }
+            *slot = true;
         }
     }
     match found.iter().position(|&f| !f) {
         Some(c) => Err(Error::corrupt(shard_path(root, c as u64), "shard missing")),
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_canonical_shard_names_are_shards() {
+        for c in [0, 1, 99_999_999, 100_000_000, 123_456_789_012] {
+            let name = format::shard_stem(c) + ".tar";
+            assert_eq!(shard_number(std::ffi::OsStr::new(&name)), Some(c), "{name}");
+            assert!(is_stem(format::shard_stem(c).as_bytes(), c));
+        }
+        for name in [
+            "shard_0000001.tar",
+            "shard_000000001.tar",
+            "shard_00000001.tar.tmp",
+            "shard_00000001",
+            "shard_0000000a.tar",
+            "shard_+0000001.tar",
+            "Shard_00000001.tar",
+            "shard_99999999999999999999999.tar",
+        ] {
+            assert_eq!(shard_number(std::ffi::OsStr::new(name)), None, "{name}");
+        }
+        assert!(!is_stem(b"shard_00000001", 2));
     }
 }
