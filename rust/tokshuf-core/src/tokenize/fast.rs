@@ -9,7 +9,8 @@
 //! - Pre-tokenization by hand-written scanners (`pretok`), one per pattern family, with
 //!   the reference engines' character classes, and ASCII fast paths.
 //! - A per-thread memo of pre-token -> ids (`piece_cache.rs`, bounded; short pieces need no
-//!   allocation): most pre-tokens are merged once per thread.
+//!   allocation), and behind it one the threads share (`shared_memo.rs`, insert-only,
+//!   lock-free): most pre-tokens are merged once per build.
 //! - Lookups that do not wait on memory: the memo and the tables behind it are far larger
 //!   than the CPU caches, so each piece is looked up a few pieces after the scanner found
 //!   it, its cache lines requested when it was found (`piece_cache::Lookahead`), and the
@@ -40,24 +41,30 @@
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
+use rustc_hash::FxHashMap;
 use serde_json::Value;
 use unicode_normalization_alignments::UnicodeNormalization;
 
 use crate::tokenize::bpe::TokenList;
 use crate::tokenize::encoder::Encoder;
+use crate::tokenize::hf_json::{added_token_ids, AddedToken, BpeModel, ModelHead, TokenizerFile};
 use crate::tokenize::hfbpe::MergeBpe;
 use crate::tokenize::piece_cache::{Lookahead, PieceCache};
 use crate::tokenize::pretok::{self, CharClasses, Engine, Pattern, PreTokenizer};
 use crate::tokenize::rank_bpe::RankBpe;
+use crate::tokenize::shared_memo::SharedMemo;
 use crate::tokenize::token_table::TokenTable;
 
 /// Slots of each thread's memo: 2^18 x 32 bytes = 8 MiB per thread and tokenizer, allocated
 /// when the thread first encodes with it. On the 100 MB subset, 2^16 slots missed 5.6 % of pieces and 2^18
 /// 3.5 % (2.7 % are new pieces), which made it 1.5x faster.
 const CACHE_BITS: u32 = 18;
+/// Slots of the memo the threads share (`shared_memo.rs`), allocated when the encoder is
+/// first used: 2^18 x 32 bytes = 8 MiB per tokenizer.
+const SHARED_BITS: u32 = 18;
 /// Memos kept per thread (one per tokenizer in use); the oldest is dropped beyond this.
 const CACHES_PER_THREAD: usize = 4;
 
@@ -167,6 +174,43 @@ pub struct JsonParts {
     nfc: bool,
     pretok: PreTokenizer,
     model: MergeBpe,
+    vocab: FxHashMap<String, u32>,
+    /// The added tokens by the ids the `tokenizers` crate gives them, if found without it.
+    added: Option<Vec<(u32, AddedToken)>>,
+}
+
+impl JsonParts {
+    /// The added tokens by id, if known without the `tokenizers` crate (see
+    /// `hf_json::added_token_ids`); `vocab_size` and `token_id` are those of the crate then.
+    pub fn added_tokens(&self) -> Option<&[(u32, AddedToken)]> {
+        self.added.as_deref()
+    }
+
+    /// The vocabulary's size with the added tokens, as `get_vocab_size(true)`.
+    pub fn vocab_size(&self) -> usize {
+        let added = self.added.as_deref().unwrap_or_default();
+        self.vocab.len() + added.iter().filter(|(_, t)| !self.vocab.contains_key(&t.content)).count()
+    }
+
+    /// The id of `token`, an added token's first, as `token_to_id`.
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        let added = self.added.as_deref().unwrap_or_default();
+        added.iter().find(|(_, t)| t.content == token).map(|&(id, _)| id).or_else(|| self.vocab.get(token).copied())
+    }
+}
+
+/// The added tokens of `tok` by id, as `hf_json` reads them.
+pub fn crate_added_tokens(tok: &tokenizers::Tokenizer) -> Vec<(u32, AddedToken)> {
+    let mut added: Vec<(u32, AddedToken)> = tok
+        .get_added_tokens_decoder()
+        .into_iter()
+        .map(|(id, t)| {
+            let tokenizers::AddedToken { content, single_word, lstrip, rstrip, normalized, special } = t;
+            (id, AddedToken { content, single_word, lstrip, rstrip, normalized, special })
+        })
+        .collect();
+    added.sort_by_key(|(id, _)| *id);
+    added
 }
 
 pub struct FastEncoder {
@@ -176,6 +220,7 @@ pub struct FastEncoder {
     nfc: bool,
     raw_added: Option<Matcher>,
     normalized_added: Option<Matcher>,
+    shared: OnceLock<SharedMemo>,
     reference: Arc<dyn Encoder>,
 }
 
@@ -190,47 +235,50 @@ impl FastEncoder {
             nfc: false,
             raw_added: None,
             normalized_added: None,
+            shared: OnceLock::new(),
             reference,
         })
     }
 
-    /// The parts of the encoder of a tokenizer.json that need only its bytes, so they can
-    /// be built while the `tokenizers` crate loads the reference (0.17 s for NeoX);
-    /// `Err(reason)` if its configuration is not one this backend models exactly.
+    /// The parts of the encoder of a tokenizer.json read from its bytes (with its added
+    /// tokens, where that needs no `tokenizers` crate); `Err(reason)` if its configuration
+    /// is not one this backend models exactly.
     pub fn tokenizer_json_parts(bytes: &[u8]) -> Result<JsonParts, String> {
-        let json: Value = serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
-        let nfc = match json.get("normalizer") {
-            None | Some(Value::Null) => false,
+        let file: TokenizerFile = serde_json::from_slice(bytes).map_err(|e| format!("not a tokenizer.json: {e}"))?;
+        let nfc = match &file.normalizer {
+            None => false,
             Some(n) => match normalizer_is_nfc(n) {
                 Some(nfc) => nfc,
                 None => return Err(format!("normalizer {} is not supported", short(n))),
             },
         };
-        let pattern = match json.get("pre_tokenizer") {
+        let pattern = match &file.pre_tokenizer {
             Some(p) => pre_tokenizer_pattern(p).ok_or_else(|| format!("pre_tokenizer {} is not supported", short(p)))?,
             None => return Err("no pre_tokenizer (not byte-level)".into()),
         };
-        let model = json.get("model").ok_or("no model")?;
-        check_bpe_model(model)?;
-        let model = MergeBpe::from_model(model)?;
-        Ok(JsonParts { nfc, pretok: PreTokenizer::new(pattern).map_err(|e| e.to_string())?, model })
+        let raw = file.model.ok_or("no model")?.get();
+        let head: ModelHead = serde_json::from_str(raw).map_err(|e| format!("model: {e}"))?;
+        check_bpe_model(&head)?;
+        let body: BpeModel = serde_json::from_str(raw).map_err(|e| format!("BPE model: {e}"))?;
+        let ignore_merges = head.ignore_merges.as_ref().and_then(Value::as_bool).unwrap_or(false);
+        let model = MergeBpe::from_model(&body, ignore_merges)?;
+        let added = added_token_ids(&file.added_tokens, &body.vocab).map(|a| a.into_iter().map(|(id, t)| (id, t.clone())).collect());
+        Ok(JsonParts { nfc, pretok: PreTokenizer::new(pattern).map_err(|e| e.to_string())?, model, vocab: body.vocab, added })
     }
 
-    /// The encoder of a tokenizer.json from its `parts` and `tok`, the reference loaded from
-    /// the same bytes; `Err(reason)` if its added tokens are not modelled.
+    /// The encoder of a tokenizer.json from its `parts` and its `added` tokens by id (the
+    /// parts' own, or those the `tokenizers` crate loaded from the same bytes);
+    /// `Err(reason)` if its added tokens are not modelled.
     pub fn tokenizer_json(
         parts: JsonParts,
-        tok: &tokenizers::Tokenizer,
+        added: &[(u32, AddedToken)],
         allow_special: bool,
         reference: Arc<dyn Encoder>,
     ) -> Result<FastEncoder, String> {
-        let JsonParts { nfc, pretok, model } = parts;
-        // Added tokens exactly as the reference loaded them.
+        let JsonParts { nfc, pretok, model, .. } = parts;
         let mut raw = Vec::new();
         let mut normalized = Vec::new();
-        let mut added: Vec<(u32, tokenizers::AddedToken)> = tok.get_added_tokens_decoder().into_iter().collect();
-        added.sort_by_key(|(id, _)| *id);
-        for (id, t) in added {
+        for &(id, ref t) in added {
             if t.single_word || t.lstrip || t.rstrip {
                 return Err(format!("added token {:?} uses single_word/lstrip/rstrip", t.content));
             }
@@ -253,6 +301,7 @@ impl FastEncoder {
             nfc,
             raw_added,
             normalized_added,
+            shared: OnceLock::new(),
             reference,
         })
     }
@@ -280,7 +329,8 @@ impl FastEncoder {
     fn encode_plain(&self, text: &str, out: &mut Vec<u32>, st: &mut ThreadState) -> Result<(), usize> {
         let model = &self.model;
         let encode = |p: &[u8], o: &mut Vec<u32>| model.encode_piece(p, o);
-        let mut pieces = Lookahead::new(&mut st.cache, model.short_tokens(), text.as_bytes(), out, encode);
+        let shared = self.shared.get_or_init(|| SharedMemo::new(SHARED_BITS));
+        let mut pieces = Lookahead::new(&mut st.cache, Some(shared), model.short_tokens(), text.as_bytes(), out, encode);
         self.pretok.split_ranges(text, |s, e| pieces.push(s, e))?;
         pieces.finish();
         Ok(())
@@ -384,21 +434,21 @@ fn pre_tokenizer_pattern(p: &Value) -> Option<Pattern> {
     Pattern::recognise(split.get("pattern")?.get("Regex")?.as_str()?, Engine::Onig)
 }
 
-fn check_bpe_model(m: &Value) -> Result<(), String> {
-    if m.get("type").and_then(Value::as_str) != Some("BPE") {
-        return Err(format!("model {} is not BPE", short(m.get("type").unwrap_or(&Value::Null))));
+fn check_bpe_model(m: &ModelHead) -> Result<(), String> {
+    if m.kind.as_ref().and_then(Value::as_str) != Some("BPE") {
+        return Err(format!("model {} is not BPE", short(m.kind.as_ref().unwrap_or(&Value::Null))));
     }
-    let unset = |k: &str| match m.get(k) {
+    let unset = |v: &Option<Value>| match v {
         None | Some(Value::Null) => true,
         Some(Value::String(s)) => s.is_empty(),
         _ => false,
     };
-    for k in ["continuing_subword_prefix", "end_of_word_suffix"] {
-        if !unset(k) {
+    for (k, v) in [("continuing_subword_prefix", &m.continuing_subword_prefix), ("end_of_word_suffix", &m.end_of_word_suffix)] {
+        if !unset(v) {
             return Err(format!("BPE {k} is not supported"));
         }
     }
-    match m.get("dropout") {
+    match &m.dropout {
         None | Some(Value::Null) => {}
         Some(d) if d.as_f64() == Some(0.0) => {}
         Some(_) => return Err("BPE dropout is not supported".into()),

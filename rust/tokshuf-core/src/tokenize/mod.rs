@@ -15,12 +15,14 @@
 pub mod bpe;
 mod encoder;
 pub mod fast;
+mod hf_json;
 pub mod hfbpe;
 mod pair_table;
 pub mod piece_cache;
 mod prefetch;
 pub mod pretok;
 mod rank_bpe;
+mod shared_memo;
 mod tiktoken;
 mod token_table;
 mod tokenizer_json;
