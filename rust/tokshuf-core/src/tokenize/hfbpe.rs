@@ -220,6 +220,19 @@ impl MergeBpe {
         for i in 0..n - 1 {
             pairs[i] = self.byte_pairs[(piece[i] as usize) << 8 | piece[i + 1] as usize];
         }
+        // The first merges join pairs of bytes: the lines of the pairs each such merge would
+        // form with its neighbours are all requested now, to wait on memory together.
+        for i in 0..n - 1 {
+            let m = pairs[i].1;
+            if m != u32::MAX {
+                if i + 2 < n {
+                    self.merges.prefetch(m, syms[i + 2]);
+                }
+                if i > 0 {
+                    self.merges.prefetch(syms[i - 1], m);
+                }
+            }
+        }
         while n > 1 {
             let mut best = (u32::MAX, 0);
             for (i, &(r, _)) in pairs[..n - 1].iter().enumerate() {
