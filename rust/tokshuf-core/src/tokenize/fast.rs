@@ -43,11 +43,11 @@ use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use rustc_hash::FxHashMap;
 use serde_json::Value;
 use unicode_normalization_alignments::UnicodeNormalization;
 
+use crate::tokenize::added_tokens::{segments, Matcher, Seg};
 use crate::tokenize::bpe::TokenList;
 use crate::tokenize::encoder::Encoder;
 use crate::tokenize::hf_json::{added_token_ids, AddedToken, BpeModel, ModelHead, TokenizerFile};
@@ -67,62 +67,6 @@ const CACHE_BITS: u32 = 18;
 const SHARED_BITS: u32 = 18;
 /// Memos kept per thread (one per tokenizer in use); the oldest is dropped beyond this.
 const CACHES_PER_THREAD: usize = 4;
-
-/// Added tokens found by one automaton: (id, skipped) per pattern.
-struct Matcher {
-    ac: AhoCorasick,
-    tokens: Vec<(u32, bool)>,
-}
-
-enum Seg<'a> {
-    Text(&'a str),
-    Token(u32),
-}
-
-impl Matcher {
-    fn build(patterns: Vec<(String, u32, bool)>) -> Result<Option<Matcher>, String> {
-        if patterns.is_empty() {
-            return Ok(None);
-        }
-        let mut seen = std::collections::HashSet::new();
-        for (p, _, _) in &patterns {
-            if p.is_empty() || !seen.insert(p.clone()) {
-                return Err(format!("added token {p:?} is empty or not unique after normalization"));
-            }
-        }
-        let ac = AhoCorasickBuilder::new()
-            .match_kind(MatchKind::LeftmostLongest)
-            .build(patterns.iter().map(|(p, _, _)| p.as_str()))
-            .map_err(|e| format!("added tokens: {e}"))?;
-        Ok(Some(Matcher { ac, tokens: patterns.into_iter().map(|(_, id, skip)| (id, skip)).collect() }))
-    }
-}
-
-/// Call `f` with the pieces of `text` between added tokens and with the added tokens.
-#[inline]
-fn segments<'a>(m: Option<&Matcher>, text: &'a str, mut f: impl FnMut(Seg<'a>)) {
-    let Some(m) = m else {
-        if !text.is_empty() {
-            f(Seg::Text(text));
-        }
-        return;
-    };
-    let mut start = 0;
-    for mat in m.ac.find_iter(text) {
-        let (id, skip) = m.tokens[mat.pattern().as_usize()];
-        if skip {
-            continue;
-        }
-        if start < mat.start() {
-            f(Seg::Text(&text[start..mat.start()]));
-        }
-        f(Seg::Token(id));
-        start = mat.end();
-    }
-    if start < text.len() {
-        f(Seg::Text(&text[start..]));
-    }
-}
 
 /// Could NFC change `text`? Characters below U+0300 (lead bytes below 0xCC) never do; the
 /// rest are looked up.
