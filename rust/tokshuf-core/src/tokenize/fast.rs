@@ -267,15 +267,30 @@ impl FastEncoder {
         })
     }
 
-    /// Pre-tokenize and merge one piece of text free of added tokens; `Err` if a scanner
-    /// met a position it does not model.
+    /// Pre-tokenize and merge `text`, or with `added` each piece of it between added tokens
+    /// (their ids in place), all through one lookahead (so that GPT-NeoX's space-run tokens,
+    /// which cut code at every indent, do not drain it); `Err` if a scanner met a position
+    /// it does not model.
     #[inline]
-    fn encode_plain(&self, text: &str, out: &mut Vec<u32>, st: &mut ThreadState) -> Result<(), usize> {
+    fn encode_plain(&self, text: &str, added: Option<&Matcher>, out: &mut Vec<u32>, st: &mut ThreadState) -> Result<(), usize> {
         let model = &self.model;
         let encode = |p: &[u8], o: &mut Vec<u32>| model.encode_piece(p, o);
         let shared = self.shared.get_or_init(|| SharedMemo::new(SHARED_BITS));
         let mut pieces = Lookahead::new(&mut st.cache, Some(shared), model.short_tokens(), text.as_bytes(), out, encode);
-        self.pretok.split_ranges(text, |s, e| pieces.push(s, e))?;
+        if added.is_none() {
+            self.pretok.split_ranges(text, |s, e| pieces.push(s, e))?;
+        } else {
+            let mut result = Ok(());
+            segments(added, text, |seg| match seg {
+                Seg::Token(id) => pieces.push_id(id),
+                Seg::Text(t) if result.is_ok() => {
+                    let at = t.as_ptr() as usize - text.as_ptr() as usize;
+                    result = self.pretok.split_ranges(t, |s, e| pieces.push(at + s, at + e));
+                }
+                Seg::Text(_) => {}
+            });
+            result?;
+        }
         pieces.finish();
         Ok(())
     }
@@ -286,19 +301,7 @@ impl FastEncoder {
         } else {
             Cow::Borrowed(text)
         };
-        if self.normalized_added.is_none() {
-            return self.encode_plain(&text, out, st);
-        }
-        let mut result = Ok(());
-        segments(self.normalized_added.as_ref(), &text, |seg| match seg {
-            Seg::Token(id) => out.push(id),
-            Seg::Text(t) => {
-                if result.is_ok() {
-                    result = self.encode_plain(t, out, st);
-                }
-            }
-        });
-        result
+        self.encode_plain(&text, self.normalized_added.as_ref(), out, st)
     }
 
     fn encode_fast(&self, text: &str, out: &mut Vec<u32>) -> Result<(), usize> {

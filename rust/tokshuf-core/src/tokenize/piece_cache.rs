@@ -64,6 +64,9 @@ struct Waiting {
 
 const IDLE: Waiting = Waiting { at: Located { start: 0, end: 0, set: usize::MAX, hash: 0, key: [0; 2] }, checked: true };
 
+/// The `set` of a waiting entry that is an id already known (`hash`), not a piece.
+const KNOWN: usize = usize::MAX - 1;
+
 /// Pieces are looked up this many pieces after the scanner found them...
 const AHEAD: usize = 16;
 /// ...and their memo sets checked this many pieces before that, when a piece the memo does
@@ -118,6 +121,16 @@ impl<'a, F: Fn(&[u8], &mut Vec<u32>)> Lookahead<'a, F> {
         }
     }
 
+    /// The next id is `id` itself (an added token between pieces).
+    pub fn push_id(&mut self, id: u32) {
+        if self.len == AHEAD {
+            self.pop();
+        }
+        let at = Located { start: 0, end: 0, set: KNOWN, hash: id as u64, key: [0; 2] };
+        self.ring[(self.head + self.len) % AHEAD] = Waiting { at, checked: true };
+        self.len += 1;
+    }
+
     #[inline(always)]
     fn check(&mut self, i: usize) {
         let w = &mut self.ring[i];
@@ -125,7 +138,7 @@ impl<'a, F: Fn(&[u8], &mut Vec<u32>)> Lookahead<'a, F> {
             return;
         }
         w.checked = true;
-        if w.at.set == usize::MAX || (self.shared.is_none() && self.tokens.is_none()) || self.cache.holds(&w.at) {
+        if w.at.set >= KNOWN || (self.shared.is_none() && self.tokens.is_none()) || self.cache.holds(&w.at) {
             return;
         }
         if let Some(shared) = self.shared {
@@ -142,7 +155,11 @@ impl<'a, F: Fn(&[u8], &mut Vec<u32>)> Lookahead<'a, F> {
     #[inline(always)]
     fn pop(&mut self) {
         let w = self.ring[self.head];
-        self.cache.resolve(self.text, &w.at, self.out, self.shared, &self.encode);
+        if w.at.set == KNOWN {
+            self.out.push(w.at.hash as u32);
+        } else {
+            self.cache.resolve(self.text, &w.at, self.out, self.shared, &self.encode);
+        }
         self.head = (self.head + 1) % AHEAD;
         self.len -= 1;
     }
@@ -371,7 +388,7 @@ mod tests {
     /// Ids through a `Lookahead` equal each piece's own encoding, in piece order, with and
     /// without a token table to prefetch from and a shared memo (filled by the earlier
     /// runs, full before the end), for runs of pieces shorter and longer than the
-    /// lookahead, through a memo that keeps evicting.
+    /// lookahead, with known ids between pieces, through a memo that keeps evicting.
     #[test]
     fn lookahead_equals_piece_by_piece() {
         let enc = |p: &[u8], out: &mut Vec<u32>| out.extend(p.iter().map(|&b| b as u32 * 3));
@@ -393,8 +410,12 @@ mod tests {
         let shared = SharedMemo::new(6);
         for n in [0, 1, PEEK, PEEK + 1, AHEAD, AHEAD + 1, pieces.len()] {
             for (with_table, with_shared) in [(false, false), (true, false), (false, true), (true, true)] {
+                // Every seventh piece comes after a known id (an added token).
                 let mut want = vec![42];
-                for &(s, e) in &pieces[..n] {
+                for (k, &(s, e)) in pieces[..n].iter().enumerate() {
+                    if k % 7 == 3 {
+                        want.push(7_000_000 + k as u32);
+                    }
                     enc(&text[s..e], &mut want);
                 }
                 let mut cache = PieceCache::new(3); // tiny: evictions throughout
@@ -402,7 +423,10 @@ mod tests {
                     let mut got = vec![42];
                     let tokens = with_table.then_some(&table);
                     let mut la = Lookahead::new(&mut cache, with_shared.then_some(&shared), tokens, &text, &mut got, enc);
-                    for &(s, e) in &pieces[..n] {
+                    for (k, &(s, e)) in pieces[..n].iter().enumerate() {
+                        if k % 7 == 3 {
+                            la.push_id(7_000_000 + k as u32);
+                        }
                         la.push(s, e);
                     }
                     la.finish();
