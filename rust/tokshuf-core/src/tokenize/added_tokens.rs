@@ -21,7 +21,7 @@ enum Finder {
     /// Every pattern is `byte` repeated; `by_len[k]` is the pattern of `k` bytes, if any.
     Runs {
         byte: u8,
-        shortest: memmem::Finder<'static>,
+        shortest: Box<memmem::Finder<'static>>,
         min: usize,
         by_len: Vec<Option<usize>>,
     },
@@ -54,7 +54,7 @@ impl Matcher {
             for (i, (p, _, _)) in patterns.iter().enumerate() {
                 by_len[p.len()] = Some(i);
             }
-            let shortest = memmem::Finder::new(&vec![first; min]).into_owned();
+            let shortest = Box::new(memmem::Finder::new(&vec![first; min]).into_owned());
             Finder::Runs { byte: first, shortest, min, by_len }
         } else {
             let ac = AhoCorasickBuilder::new()
