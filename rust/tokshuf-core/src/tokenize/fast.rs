@@ -14,11 +14,14 @@
 //! - Lookups that do not wait on memory: the memo and the tables behind it are far larger
 //!   than the CPU caches, so each piece is looked up a few pieces after the scanner found
 //!   it, its cache lines requested when it was found (`piece_cache::Lookahead`), and the
-//!   tables read one line per lookup (`token_table.rs`, `pair_table.rs`).
+//!   tables read one line per lookup (`token_table.rs`, `pair_table.rs`); a merge requests
+//!   the lines of the lookups its first rounds will make before making them.
 //! - Little fixed cost per build, which matters below a few GB: the class table is read
-//!   from regex-syntax rather than scanned, tiktoken ranks are parsed into one buffer and
-//!   the reference merge is only built if used, and nothing on the build path imports
-//!   NumPy (whose OpenBLAS threads spin at import).
+//!   from regex-syntax rather than scanned (on another thread while the model loads),
+//!   tiktoken ranks are parsed into one buffer and the reference merge is only built if
+//!   used, a tokenizer.json is read in one pass into typed structs (`hf_json.rs`) and the
+//!   `tokenizers` crate loaded only if the reference is used, and nothing on the build
+//!   path imports NumPy (whose OpenBLAS threads spin at import).
 //! - Merging (on memo misses only) on integer pairs (`hfbpe.rs`), tiktoken's ranks turned
 //!   into a merge list; a piece that is a token of its own is found in one lookup (for
 //!   tokenizer.json files without `ignore_merges`, the short tokens whose own merge ends in
@@ -34,7 +37,9 @@
 //!   normalization.
 //! - Added tokens follow `tokenizers`' AddedVocabulary: tokens that are not `normalized`
 //!   are found on the raw text, the others on each normalized piece, leftmost-longest; with
-//!   `encode_special_tokens` a special token's match is skipped but still consumed.
+//!   `encode_special_tokens` a special token's match is skipped but still consumed. Their
+//!   ids are those the crate gives them on load (`hf_json::added_token_ids`); where that is
+//!   not plain (repeated contents, a sparse vocabulary), the crate is loaded and asked.
 //! - A document on which a scanner finds no match for some position (impossible for the
 //!   supported patterns) is encoded by the reference instead.
 
