@@ -82,11 +82,9 @@ REF_BATCH_DOCS = 512  # documents per reference encode call (bounds the memory o
 SMOKE_BYTES = 3 << 20  # --smoke: about this much of the first input file
 # The fast backend's memo per thread and tokenizer: 2^18 slots of 32 bytes (CACHE_BITS in
 # rust/tokshuf-core/src/tokenize/fast.rs) plus at most 4 MiB of long pieces (LONG_BUDGET in
-# rust/tokshuf-core/src/tokenize/piece_cache.rs); and the memo the threads share, 2^18 slots of
-# 32 bytes per tokenizer (SHARED_BITS in fast.rs).
+# rust/tokshuf-core/src/tokenize/piece_cache.rs).
 MEMO_SLOT_BYTES = (1 << 18) * 32
 MEMO_LONG_BYTES = 4 << 20
-MEMO_SHARED_BYTES = (1 << 18) * 32
 
 
 # --------------------------------------------------------------------------------------
@@ -467,9 +465,7 @@ def report(args, results: Dict[tuple, dict], cases: Dict[str, List[str]]) -> str
         f"and tokenizer, plus at most {MEMO_LONG_BYTES / 2**20:.0f} MiB of long pieces per thread "
         f"(CACHE_BITS in rust/tokshuf-core/src/tokenize/fast.rs, LONG_BUDGET in "
         f"rust/tokshuf-core/src/tokenize/piece_cache.rs): "
-        f"at most {memo:.0f} MiB x {plural(args.threads, 'thread')}, plus "
-        f"{MEMO_SHARED_BYTES / 2**20:.0f} MiB shared (SHARED_BITS) = "
-        f"{memo * args.threads + MEMO_SHARED_BYTES / 2**20:.0f} MiB per tokenizer.",
+        f"at most {memo:.0f} MiB x {plural(args.threads, 'thread')} = {memo * args.threads:.0f} MiB per tokenizer.",
     ]
     return "\n".join(lines) + "\n"
 

@@ -9,8 +9,7 @@
 //! - Pre-tokenization by hand-written scanners (`pretok`), one per pattern family, with
 //!   the reference engines' character classes, and ASCII fast paths.
 //! - A per-thread memo of pre-token -> ids (`piece_cache.rs`, bounded; short pieces need no
-//!   allocation), and behind it one the threads share (`shared_memo.rs`, insert-only,
-//!   lock-free): most pre-tokens are merged once per build.
+//!   allocation): most pre-tokens are merged once per thread.
 //! - Lookups that do not wait on memory: the memo and the tables behind it are far larger
 //!   than the CPU caches, so each piece is looked up a few pieces after the scanner found
 //!   it, its cache lines requested when it was found (`piece_cache::Lookahead`), and the
@@ -46,7 +45,7 @@
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 use serde_json::Value;
@@ -60,16 +59,12 @@ use crate::tokenize::hfbpe::MergeBpe;
 use crate::tokenize::piece_cache::{Lookahead, PieceCache};
 use crate::tokenize::pretok::{self, CharClasses, Engine, Pattern, PreTokenizer};
 use crate::tokenize::rank_bpe::RankBpe;
-use crate::tokenize::shared_memo::SharedMemo;
 use crate::tokenize::token_table::TokenTable;
 
 /// Slots of each thread's memo: 2^18 x 32 bytes = 8 MiB per thread and tokenizer, allocated
 /// when the thread first encodes with it. On the 100 MB subset, 2^16 slots missed 5.6 % of pieces and 2^18
 /// 3.5 % (2.7 % are new pieces), which made it 1.5x faster.
 const CACHE_BITS: u32 = 18;
-/// Slots of the memo the threads share (`shared_memo.rs`), allocated when the encoder is
-/// first used: 2^18 x 32 bytes = 8 MiB per tokenizer.
-const SHARED_BITS: u32 = 18;
 /// Memos kept per thread (one per tokenizer in use); the oldest is dropped beyond this.
 const CACHES_PER_THREAD: usize = 4;
 
@@ -169,7 +164,6 @@ pub struct FastEncoder {
     nfc: bool,
     raw_added: Option<Matcher>,
     normalized_added: Option<Matcher>,
-    shared: OnceLock<SharedMemo>,
     reference: Arc<dyn Encoder>,
 }
 
@@ -184,7 +178,6 @@ impl FastEncoder {
             nfc: false,
             raw_added: None,
             normalized_added: None,
-            shared: OnceLock::new(),
             reference,
         })
     }
@@ -250,7 +243,6 @@ impl FastEncoder {
             nfc,
             raw_added,
             normalized_added,
-            shared: OnceLock::new(),
             reference,
         })
     }
@@ -280,8 +272,7 @@ impl FastEncoder {
     fn encode_plain(&self, text: &str, added: Option<&Matcher>, out: &mut Vec<u32>, st: &mut ThreadState) -> Result<(), usize> {
         let model = &self.model;
         let encode = |p: &[u8], o: &mut Vec<u32>| model.encode_piece(p, o);
-        let shared = self.shared.get_or_init(|| SharedMemo::new(SHARED_BITS));
-        let mut pieces = Lookahead::new(&mut st.cache, Some(shared), model.short_tokens(), text.as_bytes(), out, encode);
+        let mut pieces = Lookahead::new(&mut st.cache, model.short_tokens(), text.as_bytes(), out, encode);
         if added.is_none() {
             self.pretok.split_ranges(text, |s, e| pieces.push(s, e))?;
         } else {

@@ -23,7 +23,6 @@ pub mod piece_cache;
 mod prefetch;
 pub mod pretok;
 mod rank_bpe;
-mod shared_memo;
 mod tiktoken;
 mod token_table;
 mod tokenizer_json;

@@ -20,11 +20,10 @@
 use rustc_hash::FxHashMap;
 
 use crate::tokenize::prefetch::prefetch;
-use crate::tokenize::shared_memo::{SharedMemo, SHARED_IDS};
 use crate::tokenize::token_table::{pack, TokenTable, MAX_LEN};
 
 const KEY_BYTES: usize = 16;
-const SLOT_IDS: usize = SHARED_IDS;
+const SLOT_IDS: usize = 3;
 /// Pieces up to this long go to the map; longer ones are never cached.
 const LONG_MAX: usize = 1024;
 const LONG_BUDGET: usize = 4 << 20;
@@ -51,7 +50,6 @@ struct Located {
     start: usize,
     end: usize,
     set: usize,
-    hash: u64,
     key: [u64; 2],
 }
 
@@ -62,9 +60,9 @@ struct Waiting {
     checked: bool,
 }
 
-const IDLE: Waiting = Waiting { at: Located { start: 0, end: 0, set: usize::MAX, hash: 0, key: [0; 2] }, checked: true };
+const IDLE: Waiting = Waiting { at: Located { start: 0, end: 0, set: usize::MAX, key: [0; 2] }, checked: true };
 
-/// The `set` of a waiting entry that is an id already known (`hash`), not a piece.
+/// The `set` of a waiting entry that is an id already known (`start`), not a piece.
 const KNOWN: usize = usize::MAX - 1;
 
 /// Pieces are looked up this many pieces after the scanner found them...
@@ -76,12 +74,10 @@ const PEEK: usize = 8;
 /// Looks pieces up a few pieces after the scanner found them, with the cache lines they
 /// need requested when found, so that a lookup rarely waits on memory and several are in
 /// flight while the scanner runs on: a piece's memo set when it is found, and halfway to
-/// its lookup, if the memo does not hold it, its set in the memo the threads share and its
-/// line in the tokenizer's table of pieces that are a token of their own (where the merge
-/// looks first). Ids come out in piece order.
+/// its lookup, if the memo does not hold it, its line in the tokenizer's table of pieces
+/// that are a token of their own (where the merge looks first). Ids come out in piece order.
 pub struct Lookahead<'a, F> {
     cache: &'a mut PieceCache,
-    shared: Option<&'a SharedMemo>,
     tokens: Option<&'a TokenTable>,
     text: &'a [u8],
     out: &'a mut Vec<u32>,
@@ -92,18 +88,10 @@ pub struct Lookahead<'a, F> {
 }
 
 impl<'a, F: Fn(&[u8], &mut Vec<u32>)> Lookahead<'a, F> {
-    /// Pieces of `text` go through `cache`, then `shared`, their ids to `out`; `encode`
-    /// merges a piece neither holds (appending its ids to `out`), looking it up in `tokens`
-    /// first.
-    pub fn new(
-        cache: &'a mut PieceCache,
-        shared: Option<&'a SharedMemo>,
-        tokens: Option<&'a TokenTable>,
-        text: &'a [u8],
-        out: &'a mut Vec<u32>,
-        encode: F,
-    ) -> Self {
-        Lookahead { cache, shared, tokens, text, out, encode, ring: [IDLE; AHEAD], head: 0, len: 0 }
+    /// Pieces of `text` go through `cache`, their ids to `out`; `encode` merges a piece the
+    /// cache does not hold (appending its ids to `out`), looking it up in `tokens` first.
+    pub fn new(cache: &'a mut PieceCache, tokens: Option<&'a TokenTable>, text: &'a [u8], out: &'a mut Vec<u32>, encode: F) -> Self {
+        Lookahead { cache, tokens, text, out, encode, ring: [IDLE; AHEAD], head: 0, len: 0 }
     }
 
     /// The next piece, `text[start..end]`.
@@ -126,7 +114,7 @@ impl<'a, F: Fn(&[u8], &mut Vec<u32>)> Lookahead<'a, F> {
         if self.len == AHEAD {
             self.pop();
         }
-        let at = Located { start: 0, end: 0, set: KNOWN, hash: id as u64, key: [0; 2] };
+        let at = Located { start: id as usize, end: 0, set: KNOWN, key: [0; 2] };
         self.ring[(self.head + self.len) % AHEAD] = Waiting { at, checked: true };
         self.len += 1;
     }
@@ -138,15 +126,9 @@ impl<'a, F: Fn(&[u8], &mut Vec<u32>)> Lookahead<'a, F> {
             return;
         }
         w.checked = true;
-        if w.at.set >= KNOWN || (self.shared.is_none() && self.tokens.is_none()) || self.cache.holds(&w.at) {
-            return;
-        }
-        if let Some(shared) = self.shared {
-            shared.prefetch(w.at.hash);
-        }
         if let Some(t) = self.tokens {
             let (start, end) = (w.at.start, w.at.end);
-            if end - start <= MAX_LEN {
+            if end - start <= MAX_LEN && !self.cache.holds(&w.at) {
                 t.prefetch(pack(&self.text[start..end]));
             }
         }
@@ -156,9 +138,9 @@ impl<'a, F: Fn(&[u8], &mut Vec<u32>)> Lookahead<'a, F> {
     fn pop(&mut self) {
         let w = self.ring[self.head];
         if w.at.set == KNOWN {
-            self.out.push(w.at.hash as u32);
+            self.out.push(w.at.start as u32);
         } else {
-            self.cache.resolve(self.text, &w.at, self.out, self.shared, &self.encode);
+            self.cache.resolve(self.text, &w.at, self.out, &self.encode);
         }
         self.head = (self.head + 1) % AHEAD;
         self.len -= 1;
@@ -235,7 +217,7 @@ impl PieceCache {
     #[inline(always)]
     pub fn encode(&mut self, text: &[u8], start: usize, end: usize, out: &mut Vec<u32>, encode: impl FnOnce(&[u8], &mut Vec<u32>)) {
         let p = self.locate(text, start, end);
-        self.resolve(text, &p, out, None, encode);
+        self.resolve(text, &p, out, encode);
     }
 
     /// Where the piece `text[start..end]` would be remembered. `prefetch` asks for that
@@ -243,11 +225,10 @@ impl PieceCache {
     #[inline(always)]
     fn locate(&self, text: &[u8], start: usize, end: usize) -> Located {
         if end - start > KEY_BYTES {
-            return Located { start, end, set: usize::MAX, hash: 0, key: [0; 2] };
+            return Located { start, end, set: usize::MAX, key: [0; 2] };
         }
         let key = key_words(text, start, end);
-        let hash = hash(&key);
-        Located { start, end, set: hash as usize & self.mask, hash, key }
+        Located { start, end, set: hash(&key) as usize & self.mask, key }
     }
 
     #[inline(always)]
@@ -265,14 +246,7 @@ impl PieceCache {
     }
 
     #[inline(always)]
-    fn resolve(
-        &mut self,
-        text: &[u8],
-        p: &Located,
-        out: &mut Vec<u32>,
-        shared: Option<&SharedMemo>,
-        encode: impl FnOnce(&[u8], &mut Vec<u32>),
-    ) {
+    fn resolve(&mut self, text: &[u8], p: &Located, out: &mut Vec<u32>, encode: impl FnOnce(&[u8], &mut Vec<u32>)) {
         let (start, end, key, si) = (p.start, p.end, p.key, p.set);
         if si == usize::MAX {
             return self.encode_long(&text[start..end], out, encode);
@@ -299,12 +273,6 @@ impl PieceCache {
         }
         let begin = out.len();
         let piece = &text[start..end];
-        let mut ids = [0; SLOT_IDS];
-        if let Some(n) = shared.and_then(|s| s.get(p.hash, key, len, &mut ids)) {
-            out.extend_from_slice(&ids[..n]);
-            self.remember(si, Slot { key, len: len as u8, n: n as u8, ids });
-            return;
-        }
         if let Some(ids) = self.long.get(piece) {
             out.extend_from_slice(ids);
             return;
@@ -312,22 +280,15 @@ impl PieceCache {
         encode(piece, out);
         let n = out.len() - begin;
         if n <= SLOT_IDS {
+            let mut ids = [0; SLOT_IDS];
             ids[..n].copy_from_slice(&out[begin..]);
-            self.remember(si, Slot { key, len: len as u8, n: n as u8, ids });
-            if let Some(s) = shared {
-                s.insert(p.hash, key, len, &ids[..n]);
-            }
+            // The older of the two goes.
+            let set = &mut self.sets[si].0;
+            set[1] = set[0];
+            set[0] = Slot { key, len: len as u8, n: n as u8, ids };
         } else {
             self.remember_long(piece, &out[begin..]);
         }
-    }
-
-    /// Put `slot` first in set `si`; the older of the two goes.
-    #[inline(always)]
-    fn remember(&mut self, si: usize, slot: Slot) {
-        let set = &mut self.sets[si].0;
-        set[1] = set[0];
-        set[0] = slot;
     }
 
     #[cold]
@@ -386,9 +347,8 @@ mod tests {
     }
 
     /// Ids through a `Lookahead` equal each piece's own encoding, in piece order, with and
-    /// without a token table to prefetch from and a shared memo (filled by the earlier
-    /// runs, full before the end), for runs of pieces shorter and longer than the
-    /// lookahead, with known ids between pieces, through a memo that keeps evicting.
+    /// without a token table to prefetch from, for runs of pieces shorter and longer than
+    /// the lookahead, with known ids between pieces, through a memo that keeps evicting.
     #[test]
     fn lookahead_equals_piece_by_piece() {
         let enc = |p: &[u8], out: &mut Vec<u32>| out.extend(p.iter().map(|&b| b as u32 * 3));
@@ -407,9 +367,8 @@ mod tests {
         distinct.dedup();
         let tokens: Vec<(&[u8], u32)> = distinct.iter().step_by(3).enumerate().map(|(i, &p)| (p, 1_000_000 + i as u32)).collect();
         let table = TokenTable::new(&tokens);
-        let shared = SharedMemo::new(6);
         for n in [0, 1, PEEK, PEEK + 1, AHEAD, AHEAD + 1, pieces.len()] {
-            for (with_table, with_shared) in [(false, false), (true, false), (false, true), (true, true)] {
+            for with_table in [false, true] {
                 // Every seventh piece comes after a known id (an added token).
                 let mut want = vec![42];
                 for (k, &(s, e)) in pieces[..n].iter().enumerate() {
@@ -422,7 +381,7 @@ mod tests {
                 for round in 0..2 {
                     let mut got = vec![42];
                     let tokens = with_table.then_some(&table);
-                    let mut la = Lookahead::new(&mut cache, with_shared.then_some(&shared), tokens, &text, &mut got, enc);
+                    let mut la = Lookahead::new(&mut cache, tokens, &text, &mut got, enc);
                     for (k, &(s, e)) in pieces[..n].iter().enumerate() {
                         if k % 7 == 3 {
                             la.push_id(7_000_000 + k as u32);
@@ -430,7 +389,7 @@ mod tests {
                         la.push(s, e);
                     }
                     la.finish();
-                    assert_eq!(got, want, "{n} pieces, table {with_table}, shared {with_shared}, round {round}");
+                    assert_eq!(got, want, "{n} pieces, table {with_table}, round {round}");
                 }
             }
         }
