@@ -81,8 +81,8 @@ TOKENIZERS = {
 REF_BATCH_DOCS = 512  # documents per reference encode call (bounds the memory of HF Encodings)
 SMOKE_BYTES = 3 << 20  # --smoke: about this much of the first input file
 # The fast backend's memo per thread and tokenizer: 2^18 slots of 32 bytes (CACHE_BITS in
-# rust/tokshuf-core/src/fast.rs) plus at most 4 MiB of long pieces (LONG_BUDGET in
-# rust/tokshuf-core/src/piece_cache.rs).
+# rust/tokshuf-core/src/tokenize/fast.rs) plus at most 4 MiB of long pieces (LONG_BUDGET in
+# rust/tokshuf-core/src/tokenize/piece_cache.rs).
 MEMO_SLOT_BYTES = (1 << 18) * 32
 MEMO_LONG_BYTES = 4 << 20
 

@@ -485,6 +485,19 @@ def test_variants_equal_reference(variant_tok):
     assert_same(fast(path, True).encode_batch(texts), expected, texts, path + " allow_special")
 
 
+@pytest.mark.parametrize("allow_special", [False, True])
+def test_variants_identity_equals_reference(variant_tok, allow_special):
+    """The fast backend reads vocabulary size, special ids and added-token ids from the file
+    itself (the tokenizers crate is loaded only to decode): they equal the crate's."""
+    path, _, plain = variant_tok
+    f = tokshuf.Tokenizer(path, backend="fast", allow_special_tokens=allow_special)
+    r = tokshuf.Tokenizer(path, backend="reference", allow_special_tokens=allow_special)
+    assert (f.vocab_size, f.eot_id, f.pad_id, f.bos_id) == (r.vocab_size, r.eot_id, r.pad_id, r.bos_id)
+    assert f.vocab_size == plain.get_vocab_size(with_added_tokens=True)
+    text = VARIANT_TEXTS[0]
+    assert f.decode(f.encode(text)) == r.decode(r.encode(text))
+
+
 @settings(max_examples=10)
 @given(st.lists(nasty_text, min_size=1, max_size=4))
 def test_variants_on_generated_text(variant_tok, texts):

@@ -13,11 +13,14 @@
 //! - Lookups that do not wait on memory: the memo and the tables behind it are far larger
 //!   than the CPU caches, so each piece is looked up a few pieces after the scanner found
 //!   it, its cache lines requested when it was found (`piece_cache::Lookahead`), and the
-//!   tables read one line per lookup (`token_table.rs`, `pair_table.rs`).
+//!   tables read one line per lookup (`token_table.rs`, `pair_table.rs`); a merge requests
+//!   the lines of the lookups its first rounds will make before making them.
 //! - Little fixed cost per build, which matters below a few GB: the class table is read
-//!   from regex-syntax rather than scanned, tiktoken ranks are parsed into one buffer and
-//!   the reference merge is only built if used, and nothing on the build path imports
-//!   NumPy (whose OpenBLAS threads spin at import).
+//!   from regex-syntax rather than scanned (on another thread while the model loads),
+//!   tiktoken ranks are parsed into one buffer and the reference merge is only built if
+//!   used, a tokenizer.json is read in one pass into typed structs (`hf_json.rs`) and the
+//!   `tokenizers` crate loaded only if the reference is used, and nothing on the build
+//!   path imports NumPy (whose OpenBLAS threads spin at import).
 //! - Merging (on memo misses only) on integer pairs (`hfbpe.rs`), tiktoken's ranks turned
 //!   into a merge list; a piece that is a token of its own is found in one lookup (for
 //!   tokenizer.json files without `ignore_merges`, the short tokens whose own merge ends in
@@ -33,7 +36,9 @@
 //!   normalization.
 //! - Added tokens follow `tokenizers`' AddedVocabulary: tokens that are not `normalized`
 //!   are found on the raw text, the others on each normalized piece, leftmost-longest; with
-//!   `encode_special_tokens` a special token's match is skipped but still consumed.
+//!   `encode_special_tokens` a special token's match is skipped but still consumed. Their
+//!   ids are those the crate gives them on load (`hf_json::added_token_ids`); where that is
+//!   not plain (repeated contents, a sparse vocabulary), the crate is loaded and asked.
 //! - A document on which a scanner finds no match for some position (impossible for the
 //!   supported patterns) is encoded by the reference instead.
 
@@ -42,12 +47,14 @@ use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
+use rustc_hash::FxHashMap;
 use serde_json::Value;
 use unicode_normalization_alignments::UnicodeNormalization;
 
+use crate::tokenize::added_tokens::{segments, Matcher, Seg};
 use crate::tokenize::bpe::TokenList;
 use crate::tokenize::encoder::Encoder;
+use crate::tokenize::hf_json::{added_token_ids, AddedToken, BpeModel, ModelHead, TokenizerFile};
 use crate::tokenize::hfbpe::MergeBpe;
 use crate::tokenize::piece_cache::{Lookahead, PieceCache};
 use crate::tokenize::pretok::{self, CharClasses, Engine, Pattern, PreTokenizer};
@@ -60,62 +67,6 @@ use crate::tokenize::token_table::TokenTable;
 const CACHE_BITS: u32 = 18;
 /// Memos kept per thread (one per tokenizer in use); the oldest is dropped beyond this.
 const CACHES_PER_THREAD: usize = 4;
-
-/// Added tokens found by one automaton: (id, skipped) per pattern.
-struct Matcher {
-    ac: AhoCorasick,
-    tokens: Vec<(u32, bool)>,
-}
-
-enum Seg<'a> {
-    Text(&'a str),
-    Token(u32),
-}
-
-impl Matcher {
-    fn build(patterns: Vec<(String, u32, bool)>) -> Result<Option<Matcher>, String> {
-        if patterns.is_empty() {
-            return Ok(None);
-        }
-        let mut seen = std::collections::HashSet::new();
-        for (p, _, _) in &patterns {
-            if p.is_empty() || !seen.insert(p.clone()) {
-                return Err(format!("added token {p:?} is empty or not unique after normalization"));
-            }
-        }
-        let ac = AhoCorasickBuilder::new()
-            .match_kind(MatchKind::LeftmostLongest)
-            .build(patterns.iter().map(|(p, _, _)| p.as_str()))
-            .map_err(|e| format!("added tokens: {e}"))?;
-        Ok(Some(Matcher { ac, tokens: patterns.into_iter().map(|(_, id, skip)| (id, skip)).collect() }))
-    }
-}
-
-/// Call `f` with the pieces of `text` between added tokens and with the added tokens.
-#[inline]
-fn segments<'a>(m: Option<&Matcher>, text: &'a str, mut f: impl FnMut(Seg<'a>)) {
-    let Some(m) = m else {
-        if !text.is_empty() {
-            f(Seg::Text(text));
-        }
-        return;
-    };
-    let mut start = 0;
-    for mat in m.ac.find_iter(text) {
-        let (id, skip) = m.tokens[mat.pattern().as_usize()];
-        if skip {
-            continue;
-        }
-        if start < mat.start() {
-            f(Seg::Text(&text[start..mat.start()]));
-        }
-        f(Seg::Token(id));
-        start = mat.end();
-    }
-    if start < text.len() {
-        f(Seg::Text(&text[start..]));
-    }
-}
 
 /// Could NFC change `text`? Characters below U+0300 (lead bytes below 0xCC) never do; the
 /// rest are looked up.
@@ -167,6 +118,43 @@ pub struct JsonParts {
     nfc: bool,
     pretok: PreTokenizer,
     model: MergeBpe,
+    vocab: FxHashMap<String, u32>,
+    /// The added tokens by the ids the `tokenizers` crate gives them, if found without it.
+    added: Option<Vec<(u32, AddedToken)>>,
+}
+
+impl JsonParts {
+    /// The added tokens by id, if known without the `tokenizers` crate (see
+    /// `hf_json::added_token_ids`); `vocab_size` and `token_id` are those of the crate then.
+    pub fn added_tokens(&self) -> Option<&[(u32, AddedToken)]> {
+        self.added.as_deref()
+    }
+
+    /// The vocabulary's size with the added tokens, as `get_vocab_size(true)`.
+    pub fn vocab_size(&self) -> usize {
+        let added = self.added.as_deref().unwrap_or_default();
+        self.vocab.len() + added.iter().filter(|(_, t)| !self.vocab.contains_key(&t.content)).count()
+    }
+
+    /// The id of `token`, an added token's first, as `token_to_id`.
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        let added = self.added.as_deref().unwrap_or_default();
+        added.iter().find(|(_, t)| t.content == token).map(|&(id, _)| id).or_else(|| self.vocab.get(token).copied())
+    }
+}
+
+/// The added tokens of `tok` by id, as `hf_json` reads them.
+pub fn crate_added_tokens(tok: &tokenizers::Tokenizer) -> Vec<(u32, AddedToken)> {
+    let mut added: Vec<(u32, AddedToken)> = tok
+        .get_added_tokens_decoder()
+        .into_iter()
+        .map(|(id, t)| {
+            let tokenizers::AddedToken { content, single_word, lstrip, rstrip, normalized, special } = t;
+            (id, AddedToken { content, single_word, lstrip, rstrip, normalized, special })
+        })
+        .collect();
+    added.sort_by_key(|(id, _)| *id);
+    added
 }
 
 pub struct FastEncoder {
@@ -194,43 +182,45 @@ impl FastEncoder {
         })
     }
 
-    /// The parts of the encoder of a tokenizer.json that need only its bytes, so they can
-    /// be built while the `tokenizers` crate loads the reference (0.17 s for NeoX);
-    /// `Err(reason)` if its configuration is not one this backend models exactly.
+    /// The parts of the encoder of a tokenizer.json read from its bytes (with its added
+    /// tokens, where that needs no `tokenizers` crate); `Err(reason)` if its configuration
+    /// is not one this backend models exactly.
     pub fn tokenizer_json_parts(bytes: &[u8]) -> Result<JsonParts, String> {
-        let json: Value = serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
-        let nfc = match json.get("normalizer") {
-            None | Some(Value::Null) => false,
+        let file: TokenizerFile = serde_json::from_slice(bytes).map_err(|e| format!("not a tokenizer.json: {e}"))?;
+        let nfc = match &file.normalizer {
+            None => false,
             Some(n) => match normalizer_is_nfc(n) {
                 Some(nfc) => nfc,
                 None => return Err(format!("normalizer {} is not supported", short(n))),
             },
         };
-        let pattern = match json.get("pre_tokenizer") {
+        let pattern = match &file.pre_tokenizer {
             Some(p) => pre_tokenizer_pattern(p).ok_or_else(|| format!("pre_tokenizer {} is not supported", short(p)))?,
             None => return Err("no pre_tokenizer (not byte-level)".into()),
         };
-        let model = json.get("model").ok_or("no model")?;
-        check_bpe_model(model)?;
-        let model = MergeBpe::from_model(model)?;
-        Ok(JsonParts { nfc, pretok: PreTokenizer::new(pattern).map_err(|e| e.to_string())?, model })
+        let raw = file.model.ok_or("no model")?.get();
+        let head: ModelHead = serde_json::from_str(raw).map_err(|e| format!("model: {e}"))?;
+        check_bpe_model(&head)?;
+        let body: BpeModel = serde_json::from_str(raw).map_err(|e| format!("BPE model: {e}"))?;
+        let ignore_merges = head.ignore_merges.as_ref().and_then(Value::as_bool).unwrap_or(false);
+        let model = MergeBpe::from_model(&body, ignore_merges)?;
+        let added = added_token_ids(&file.added_tokens, &body.vocab).map(|a| a.into_iter().map(|(id, t)| (id, t.clone())).collect());
+        Ok(JsonParts { nfc, pretok: PreTokenizer::new(pattern).map_err(|e| e.to_string())?, model, vocab: body.vocab, added })
     }
 
-    /// The encoder of a tokenizer.json from its `parts` and `tok`, the reference loaded from
-    /// the same bytes; `Err(reason)` if its added tokens are not modelled.
+    /// The encoder of a tokenizer.json from its `parts` and its `added` tokens by id (the
+    /// parts' own, or those the `tokenizers` crate loaded from the same bytes);
+    /// `Err(reason)` if its added tokens are not modelled.
     pub fn tokenizer_json(
         parts: JsonParts,
-        tok: &tokenizers::Tokenizer,
+        added: &[(u32, AddedToken)],
         allow_special: bool,
         reference: Arc<dyn Encoder>,
     ) -> Result<FastEncoder, String> {
-        let JsonParts { nfc, pretok, model } = parts;
-        // Added tokens exactly as the reference loaded them.
+        let JsonParts { nfc, pretok, model, .. } = parts;
         let mut raw = Vec::new();
         let mut normalized = Vec::new();
-        let mut added: Vec<(u32, tokenizers::AddedToken)> = tok.get_added_tokens_decoder().into_iter().collect();
-        added.sort_by_key(|(id, _)| *id);
-        for (id, t) in added {
+        for &(id, ref t) in added {
             if t.single_word || t.lstrip || t.rstrip {
                 return Err(format!("added token {:?} uses single_word/lstrip/rstrip", t.content));
             }
@@ -274,14 +264,29 @@ impl FastEncoder {
         })
     }
 
-    /// Pre-tokenize and merge one piece of text free of added tokens; `Err` if a scanner
-    /// met a position it does not model.
+    /// Pre-tokenize and merge `text`, or with `added` each piece of it between added tokens
+    /// (their ids in place), all through one lookahead (so that GPT-NeoX's space-run tokens,
+    /// which cut code at every indent, do not drain it); `Err` if a scanner met a position
+    /// it does not model.
     #[inline]
-    fn encode_plain(&self, text: &str, out: &mut Vec<u32>, st: &mut ThreadState) -> Result<(), usize> {
+    fn encode_plain(&self, text: &str, added: Option<&Matcher>, out: &mut Vec<u32>, st: &mut ThreadState) -> Result<(), usize> {
         let model = &self.model;
         let encode = |p: &[u8], o: &mut Vec<u32>| model.encode_piece(p, o);
         let mut pieces = Lookahead::new(&mut st.cache, model.short_tokens(), text.as_bytes(), out, encode);
-        self.pretok.split_ranges(text, |s, e| pieces.push(s, e))?;
+        if added.is_none() {
+            self.pretok.split_ranges(text, |s, e| pieces.push(s, e))?;
+        } else {
+            let mut result = Ok(());
+            segments(added, text, |seg| match seg {
+                Seg::Token(id) => pieces.push_id(id),
+                Seg::Text(t) if result.is_ok() => {
+                    let at = t.as_ptr() as usize - text.as_ptr() as usize;
+                    result = self.pretok.split_ranges(t, |s, e| pieces.push(at + s, at + e));
+                }
+                Seg::Text(_) => {}
+            });
+            result?;
+        }
         pieces.finish();
         Ok(())
     }
@@ -292,19 +297,7 @@ impl FastEncoder {
         } else {
             Cow::Borrowed(text)
         };
-        if self.normalized_added.is_none() {
-            return self.encode_plain(&text, out, st);
-        }
-        let mut result = Ok(());
-        segments(self.normalized_added.as_ref(), &text, |seg| match seg {
-            Seg::Token(id) => out.push(id),
-            Seg::Text(t) => {
-                if result.is_ok() {
-                    result = self.encode_plain(t, out, st);
-                }
-            }
-        });
-        result
+        self.encode_plain(&text, self.normalized_added.as_ref(), out, st)
     }
 
     fn encode_fast(&self, text: &str, out: &mut Vec<u32>) -> Result<(), usize> {
@@ -384,21 +377,21 @@ fn pre_tokenizer_pattern(p: &Value) -> Option<Pattern> {
     Pattern::recognise(split.get("pattern")?.get("Regex")?.as_str()?, Engine::Onig)
 }
 
-fn check_bpe_model(m: &Value) -> Result<(), String> {
-    if m.get("type").and_then(Value::as_str) != Some("BPE") {
-        return Err(format!("model {} is not BPE", short(m.get("type").unwrap_or(&Value::Null))));
+fn check_bpe_model(m: &ModelHead) -> Result<(), String> {
+    if m.kind.as_ref().and_then(Value::as_str) != Some("BPE") {
+        return Err(format!("model {} is not BPE", short(m.kind.as_ref().unwrap_or(&Value::Null))));
     }
-    let unset = |k: &str| match m.get(k) {
+    let unset = |v: &Option<Value>| match v {
         None | Some(Value::Null) => true,
         Some(Value::String(s)) => s.is_empty(),
         _ => false,
     };
-    for k in ["continuing_subword_prefix", "end_of_word_suffix"] {
-        if !unset(k) {
+    for (k, v) in [("continuing_subword_prefix", &m.continuing_subword_prefix), ("end_of_word_suffix", &m.end_of_word_suffix)] {
+        if !unset(v) {
             return Err(format!("BPE {k} is not supported"));
         }
     }
-    match m.get("dropout") {
+    match &m.dropout {
         None | Some(Value::Null) => {}
         Some(d) if d.as_f64() == Some(0.0) => {}
         Some(_) => return Err("BPE dropout is not supported".into()),

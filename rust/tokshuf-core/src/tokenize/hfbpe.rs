@@ -17,7 +17,8 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use rustc_hash::FxHashMap;
-use serde_json::Value;
+
+use crate::tokenize::hf_json::BpeModel;
 
 use crate::tokenize::pair_table::PairTable;
 use crate::tokenize::token_table::{pack, TokenTable, MAX_LEN};
@@ -91,14 +92,11 @@ pub struct MergeBpe {
 }
 
 impl MergeBpe {
-    /// From the `model` object of a tokenizer.json, which the caller has checked to be a
-    /// plain byte-level BPE (no dropout, prefixes, suffixes). Errors name what is missing.
-    pub fn from_model(model: &Value) -> std::result::Result<MergeBpe, String> {
-        let vocab = model.get("vocab").and_then(Value::as_object).ok_or("model has no vocab")?;
-        // A hash map: the JSON object is a B-tree, and every merge looks up three tokens.
-        let ids: FxHashMap<&str, u32> =
-            vocab.iter().filter_map(|(tok, id)| Some((tok.as_str(), u32::try_from(id.as_u64()?).ok()?))).collect();
-        let id_of = |tok: &str| ids.get(tok).copied();
+    /// From the `model` of a tokenizer.json, which the caller has checked to be a plain
+    /// byte-level BPE (no dropout, prefixes, suffixes). Errors name what is missing.
+    pub fn from_model(model: &BpeModel, ignore_merges: bool) -> std::result::Result<MergeBpe, String> {
+        let vocab = &model.vocab;
+        let id_of = |tok: &str| vocab.get(tok).copied();
         let alphabet = byte_level_alphabet();
         // Bytes that never occur in UTF-8 text (C0, C1, F5..FF) may be missing.
         let mut byte_ids = [u32::MAX; 256];
@@ -109,23 +107,10 @@ impl MergeBpe {
                 None => return Err(format!("vocabulary lacks the byte-level character of byte {b:#04x}")),
             }
         }
-        let list = model.get("merges").and_then(Value::as_array).ok_or("model has no merges")?;
-        let mut merges = PairTable::with_capacity(list.len());
+        let mut merges = PairTable::with_capacity(model.merges.len());
         let mut merged = String::new();
-        for (rank, m) in list.iter().enumerate() {
-            // "a b" (older files) or ["a", "b"].
-            let pair = match m {
-                Value::String(s) => {
-                    let mut parts = s.split(' ');
-                    match (parts.next(), parts.next(), parts.next()) {
-                        (Some(a), Some(b), None) => Some((a, b)),
-                        _ => None,
-                    }
-                }
-                Value::Array(v) if v.len() == 2 => v[0].as_str().zip(v[1].as_str()),
-                _ => None,
-            };
-            let (a, b) = pair.ok_or_else(|| format!("merge {} is not two tokens", rank + 1))?;
+        for (rank, m) in model.merges.iter().enumerate() {
+            let (a, b) = (m.0.as_str(), m.1.as_str());
             let missing = |t: &str| format!("merge token {t:?} is not in the vocabulary");
             let ia = id_of(a).ok_or_else(|| missing(a))?;
             let ib = id_of(b).ok_or_else(|| missing(b))?;
@@ -136,9 +121,8 @@ impl MergeBpe {
             // Later duplicates win, as in `tokenizers` (it collects into a map in order).
             merges.insert(ia, ib, rank as u32, inew);
         }
-        let ignore_merges = model.get("ignore_merges").and_then(Value::as_bool).unwrap_or(false);
         let inverse: FxHashMap<char, u8> = alphabet.iter().enumerate().map(|(b, &c)| (c, b as u8)).collect();
-        let decoded = vocab.iter().filter_map(|(tok, id)| Some((byte_level_decode(tok, &inverse)?, u32::try_from(id.as_u64()?).ok()?)));
+        let decoded = vocab.iter().filter_map(|(tok, &id)| Some((byte_level_decode(tok, &inverse)?, id)));
         let bpe = if ignore_merges {
             let decoded: Vec<(Vec<u8>, u32)> = decoded.collect();
             MergeBpe::assemble(byte_ids, merges, Whole::tokens(decoded.iter().map(|(b, id)| (&b[..], *id))))
@@ -235,6 +219,19 @@ impl MergeBpe {
         }
         for i in 0..n - 1 {
             pairs[i] = self.byte_pairs[(piece[i] as usize) << 8 | piece[i + 1] as usize];
+        }
+        // The first merges join pairs of bytes: the lines of the pairs each such merge would
+        // form with its neighbours are all requested now, to wait on memory together.
+        for i in 0..n - 1 {
+            let m = pairs[i].1;
+            if m != u32::MAX {
+                if i + 2 < n {
+                    self.merges.prefetch(m, syms[i + 2]);
+                }
+                if i > 0 {
+                    self.merges.prefetch(syms[i - 1], m);
+                }
+            }
         }
         while n > 1 {
             let mut best = (u32::MAX, 0);
@@ -337,17 +334,17 @@ mod tests {
 
     fn toy(merges: &[(&str, &str)]) -> MergeBpe {
         let alphabet = byte_level_alphabet();
-        let mut vocab = serde_json::Map::new();
+        let mut vocab = FxHashMap::default();
         for c in alphabet {
-            let id = vocab.len();
-            vocab.insert(c.to_string(), id.into());
+            let id = vocab.len() as u32;
+            vocab.insert(c.to_string(), id);
         }
         for (a, b) in merges {
-            let id = vocab.len();
-            vocab.entry(format!("{a}{b}")).or_insert(id.into());
+            let id = vocab.len() as u32;
+            vocab.entry(format!("{a}{b}")).or_insert(id);
         }
-        let list: Vec<Value> = merges.iter().map(|(a, b)| Value::String(format!("{a} {b}"))).collect();
-        MergeBpe::from_model(&serde_json::json!({"vocab": vocab, "merges": list})).unwrap()
+        let merges = merges.iter().map(|(a, b)| crate::tokenize::hf_json::Merge(a.to_string(), b.to_string())).collect();
+        MergeBpe::from_model(&BpeModel { vocab, merges }, false).unwrap()
     }
 
     /// `len` letters of "abc", pseudo-random from `seed`.

@@ -12,9 +12,11 @@
 //! Each has a reference backend (the above) and, where `fast.rs` models the configuration
 //! exactly, the fast one; `Backend` chooses (`Auto`: fast where possible).
 
+mod added_tokens;
 pub mod bpe;
 mod encoder;
 pub mod fast;
+mod hf_json;
 pub mod hfbpe;
 mod pair_table;
 pub mod piece_cache;

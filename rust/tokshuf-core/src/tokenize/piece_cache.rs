@@ -62,6 +62,9 @@ struct Waiting {
 
 const IDLE: Waiting = Waiting { at: Located { start: 0, end: 0, set: usize::MAX, key: [0; 2] }, checked: true };
 
+/// The `set` of a waiting entry that is an id already known (`start`), not a piece.
+const KNOWN: usize = usize::MAX - 1;
+
 /// Pieces are looked up this many pieces after the scanner found them...
 const AHEAD: usize = 16;
 /// ...and their memo sets checked this many pieces before that, when a piece the memo does
@@ -106,6 +109,16 @@ impl<'a, F: Fn(&[u8], &mut Vec<u32>)> Lookahead<'a, F> {
         }
     }
 
+    /// The next id is `id` itself (an added token between pieces).
+    pub fn push_id(&mut self, id: u32) {
+        if self.len == AHEAD {
+            self.pop();
+        }
+        let at = Located { start: id as usize, end: 0, set: KNOWN, key: [0; 2] };
+        self.ring[(self.head + self.len) % AHEAD] = Waiting { at, checked: true };
+        self.len += 1;
+    }
+
     #[inline(always)]
     fn check(&mut self, i: usize) {
         let w = &mut self.ring[i];
@@ -124,7 +137,11 @@ impl<'a, F: Fn(&[u8], &mut Vec<u32>)> Lookahead<'a, F> {
     #[inline(always)]
     fn pop(&mut self) {
         let w = self.ring[self.head];
-        self.cache.resolve(self.text, &w.at, self.out, &self.encode);
+        if w.at.set == KNOWN {
+            self.out.push(w.at.start as u32);
+        } else {
+            self.cache.resolve(self.text, &w.at, self.out, &self.encode);
+        }
         self.head = (self.head + 1) % AHEAD;
         self.len -= 1;
     }
@@ -331,7 +348,7 @@ mod tests {
 
     /// Ids through a `Lookahead` equal each piece's own encoding, in piece order, with and
     /// without a token table to prefetch from, for runs of pieces shorter and longer than
-    /// the lookahead, through a memo that keeps evicting.
+    /// the lookahead, with known ids between pieces, through a memo that keeps evicting.
     #[test]
     fn lookahead_equals_piece_by_piece() {
         let enc = |p: &[u8], out: &mut Vec<u32>| out.extend(p.iter().map(|&b| b as u32 * 3));
@@ -352,8 +369,12 @@ mod tests {
         let table = TokenTable::new(&tokens);
         for n in [0, 1, PEEK, PEEK + 1, AHEAD, AHEAD + 1, pieces.len()] {
             for with_table in [false, true] {
+                // Every seventh piece comes after a known id (an added token).
                 let mut want = vec![42];
-                for &(s, e) in &pieces[..n] {
+                for (k, &(s, e)) in pieces[..n].iter().enumerate() {
+                    if k % 7 == 3 {
+                        want.push(7_000_000 + k as u32);
+                    }
                     enc(&text[s..e], &mut want);
                 }
                 let mut cache = PieceCache::new(3); // tiny: evictions throughout
@@ -361,7 +382,10 @@ mod tests {
                     let mut got = vec![42];
                     let tokens = with_table.then_some(&table);
                     let mut la = Lookahead::new(&mut cache, tokens, &text, &mut got, enc);
-                    for &(s, e) in &pieces[..n] {
+                    for (k, &(s, e)) in pieces[..n].iter().enumerate() {
+                        if k % 7 == 3 {
+                            la.push_id(7_000_000 + k as u32);
+                        }
                         la.push(s, e);
                     }
                     la.finish();

@@ -2,11 +2,12 @@
 //! local cache): the `tokenizers` crate with `encode_special_tokens = true`, or the fast backend.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use sha2::{Digest, Sha256};
 
-use super::{choose, Backend, Encoder, Tokenizer};
+use super::fast::{crate_added_tokens, FastEncoder};
+use super::{choose, Backend, Encoder, Tokenizer, FAST_BACKEND};
 use crate::error::{Error, Result};
 
 /// The tokenizer.json a spec other than `tiktoken:...` names: a file, a folder holding
@@ -43,37 +44,90 @@ impl Encoder for HfTokenizer {
     }
 }
 
-pub(super) fn load_tokenizer_json(spec: &str, path: &Path, allow_special: bool, backend: Backend) -> Result<Tokenizer> {
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-    // The fast backend's parts are built beside the reference, which takes longer.
-    let (tok, parts) = std::thread::scope(|sc| {
-        let parts = (backend != Backend::Reference).then(|| sc.spawn(|| crate::tokenize::fast::FastEncoder::tokenizer_json_parts(&bytes)));
-        let tok = tokenizers::Tokenizer::from_bytes(&bytes);
-        (tok, parts.map(|h| h.join().unwrap_or_else(|_| Err("building the fast backend panicked".into()))))
-    });
-    let mut tok = tok.map_err(|e| Error::Tokenizer(format!("{}: not a usable tokenizer.json: {e}", path.display())))?;
+/// The `tokenizers` crate's tokenizer of a tokenizer.json, loaded when first used: the fast
+/// backend needs it only to decode and for a document no scanner models.
+struct LazyHf {
+    path: PathBuf,
+    bytes: Arc<[u8]>,
+    allow_special: bool,
+    tok: OnceLock<std::result::Result<HfTokenizer, String>>,
+}
+
+impl LazyHf {
+    fn get(&self) -> std::result::Result<&HfTokenizer, String> {
+        let tok = self.tok.get_or_init(|| {
+            load_hf(&self.path, &self.bytes, self.allow_special).map(|t| HfTokenizer(Arc::new(t))).map_err(|e| e.to_string())
+        });
+        tok.as_ref().map_err(Clone::clone)
+    }
+}
+
+impl Encoder for LazyHf {
+    fn encode_into(&self, text: &str, out: &mut Vec<u32>) -> std::result::Result<(), String> {
+        self.get()?.encode_into(text, out)
+    }
+    fn decode(&self, ids: &[u32]) -> String {
+        self.get().map(|t| t.decode(ids)).unwrap_or_default()
+    }
+}
+
+fn load_hf(path: &Path, bytes: &[u8], allow_special: bool) -> Result<tokenizers::Tokenizer> {
+    let mut tok = tokenizers::Tokenizer::from_bytes(bytes)
+        .map_err(|e| Error::Tokenizer(format!("{}: not a usable tokenizer.json: {e}", path.display())))?;
     tok.set_encode_special_tokens(!allow_special);
     let _ = tok.with_padding(None).with_truncation(None);
+    Ok(tok)
+}
+
+pub(super) fn load_tokenizer_json(spec: &str, path: &Path, allow_special: bool, backend: Backend) -> Result<Tokenizer> {
+    let bytes: Arc<[u8]> = std::fs::read(path).map_err(|e| Error::io(path, e))?.into();
+    let sha256 = crate::format::hex(&Sha256::digest(&bytes));
+    // The fast backend's class table is built beside the model.
+    let parts = (backend != Backend::Reference).then(|| {
+        std::thread::scope(|sc| {
+            sc.spawn(crate::tokenize::pretok::CharClasses::shared);
+            FastEncoder::tokenizer_json_parts(&bytes)
+        })
+    });
+    // Where the fast backend models the whole file, added tokens included, the `tokenizers`
+    // crate (0.1 s for GPT-NeoX) is loaded only if the reference is ever used.
+    let parts = match parts {
+        Some(Ok(p)) if p.added_tokens().is_some() => {
+            let find = |cands: &[&str]| cands.iter().find_map(|t| p.token_id(t));
+            let (eot_id, pad_id, bos_id) = (find(&EOT_CANDIDATES), find(&PAD_CANDIDATES), find(&BOS_CANDIDATES));
+            let vocab_size = p.vocab_size() as u32;
+            let added = p.added_tokens().unwrap_or_default().to_vec();
+            let reference = Arc::new(LazyHf { path: path.to_path_buf(), bytes: bytes.clone(), allow_special, tok: OnceLock::new() });
+            match FastEncoder::tokenizer_json(p, &added, allow_special, reference) {
+                Ok(fast) => {
+                    let encoder = Arc::new(fast);
+                    return Ok(Tokenizer {
+                        spec: spec.to_string(),
+                        sha256,
+                        vocab_size,
+                        backend: FAST_BACKEND,
+                        eot_id,
+                        pad_id,
+                        bos_id,
+                        encoder,
+                    });
+                }
+                Err(reason) => Some(Err(reason)),
+            }
+        }
+        other => other,
+    };
+    let tok = load_hf(path, &bytes, allow_special)?;
     let find = |cands: &[&str]| cands.iter().find_map(|t| tok.token_to_id(t));
-    let pad_id = tok.get_padding().map(|p| p.pad_id).or_else(|| find(&PAD_CANDIDATES));
-    let (eot_id, bos_id) = (find(&EOT_CANDIDATES), find(&BOS_CANDIDATES));
+    let (eot_id, pad_id, bos_id) = (find(&EOT_CANDIDATES), find(&PAD_CANDIDATES), find(&BOS_CANDIDATES));
     let vocab_size = tok.get_vocab_size(true) as u32;
     let tok = Arc::new(tok);
     let reference: Arc<dyn Encoder> = Arc::new(HfTokenizer(tok.clone()));
     let (encoder, backend) = choose(spec, backend, (reference.clone(), "hf-tokenizers"), || {
         let parts = parts.unwrap_or_else(|| Err("not built".into()))?;
-        crate::tokenize::fast::FastEncoder::tokenizer_json(parts, &tok, allow_special, reference)
+        FastEncoder::tokenizer_json(parts, &crate_added_tokens(&tok), allow_special, reference)
     })?;
-    Ok(Tokenizer {
-        spec: spec.to_string(),
-        sha256: crate::format::hex(&Sha256::digest(&bytes)),
-        vocab_size,
-        backend,
-        eot_id,
-        pad_id,
-        bos_id,
-        encoder,
-    })
+    Ok(Tokenizer { spec: spec.to_string(), sha256, vocab_size, backend, eot_id, pad_id, bos_id, encoder })
 }
 
 /// `ORG/NAME` when `spec` names a Hugging Face model rather than a path: one slash between

@@ -1,0 +1,191 @@
+//! What the fast backend reads of a tokenizer.json, parsed in one pass into typed structs (a
+//! `serde_json::Value` of GPT-NeoX's file is a B-tree of 50 k entries, slower to build than
+//! the tables made from it), and the ids the `tokenizers` crate gives the added tokens, so
+//! that a build need not load the crate at all (it is loaded only if the reference is used).
+
+use std::collections::HashSet;
+use std::fmt;
+
+use rustc_hash::FxHashMap;
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::Value;
+
+/// The top level; the model stays raw until its type is known to be BPE.
+#[derive(Deserialize)]
+pub struct TokenizerFile<'a> {
+    #[serde(default)]
+    pub added_tokens: Vec<AddedToken>,
+    #[serde(default)]
+    pub normalizer: Option<Value>,
+    #[serde(default)]
+    pub pre_tokenizer: Option<Value>,
+    #[serde(borrow, default)]
+    pub model: Option<&'a RawValue>,
+}
+
+/// An entry of `added_tokens`; every field is required, as by the `tokenizers` crate.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+pub struct AddedToken {
+    pub content: String,
+    pub single_word: bool,
+    pub lstrip: bool,
+    pub rstrip: bool,
+    pub normalized: bool,
+    pub special: bool,
+}
+
+/// A model's settings, read before its vocabulary.
+#[derive(Deserialize)]
+pub struct ModelHead {
+    #[serde(rename = "type", default)]
+    pub kind: Option<Value>,
+    #[serde(default)]
+    pub dropout: Option<Value>,
+    #[serde(default)]
+    pub continuing_subword_prefix: Option<Value>,
+    #[serde(default)]
+    pub end_of_word_suffix: Option<Value>,
+    #[serde(default)]
+    pub ignore_merges: Option<Value>,
+}
+
+/// A BPE model's vocabulary and merges.
+#[derive(Deserialize)]
+pub struct BpeModel {
+    pub vocab: FxHashMap<String, u32>,
+    pub merges: Vec<Merge>,
+}
+
+/// One merge: `"a b"` (older files) or `["a", "b"]`.
+pub struct Merge(pub String, pub String);
+
+impl<'de> Deserialize<'de> for Merge {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Merge, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Merge;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a merge: \"a b\" or [\"a\", \"b\"]")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Merge, E> {
+                let mut parts = s.split(' ');
+                match (parts.next(), parts.next(), parts.next()) {
+                    (Some(a), Some(b), None) => Ok(Merge(a.to_string(), b.to_string())),
+                    _ => Err(E::custom(format!("merge {s:?} is not two tokens"))),
+                }
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Merge, A::Error> {
+                let a: String = seq.next_element()?.ok_or_else(|| de::Error::custom("a merge is not two tokens"))?;
+                let b: String = seq.next_element()?.ok_or_else(|| de::Error::custom("a merge is not two tokens"))?;
+                if seq.next_element::<de::IgnoredAny>()?.is_some() {
+                    return Err(de::Error::custom("a merge is not two tokens"));
+                }
+                Ok(Merge(a, b))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// The added tokens by the id the `tokenizers` crate gives each when it loads the file: in
+/// file order, a token of the model's vocabulary keeps its id, any other takes the next id
+/// from the vocabulary's size on (the `id` written in the file is not used). `None` where
+/// the crate's result would hinge on details not modelled here (an empty or repeated
+/// content, ids that are not 0..n in the vocabulary, two tokens on one id): the caller
+/// then asks the crate.
+pub fn added_token_ids<'t>(added: &'t [AddedToken], vocab: &FxHashMap<String, u32>) -> Option<Vec<(u32, &'t AddedToken)>> {
+    let dense = vocab.values().all(|&id| (id as usize) < vocab.len());
+    let mut next = u32::try_from(vocab.len()).ok()?;
+    let (mut contents, mut ids) = (HashSet::new(), HashSet::new());
+    let mut out = Vec::with_capacity(added.len());
+    for t in added {
+        if t.content.is_empty() || !contents.insert(&t.content) || !dense {
+            return None;
+        }
+        let id = match vocab.get(&t.content) {
+            Some(&id) => id,
+            None => {
+                next += 1;
+                next - 1
+            }
+        };
+        if !ids.insert(id) {
+            return None;
+        }
+        out.push((id, t));
+    }
+    out.sort_by_key(|&(id, _)| id);
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn token(content: &str, special: bool) -> AddedToken {
+        AddedToken { content: content.into(), single_word: false, lstrip: false, rstrip: false, normalized: !special, special }
+    }
+
+    /// The ids equal the `tokenizers` crate's on a file whose added tokens mix vocabulary
+    /// tokens, new ones, special and not, in an order other than their declared ids.
+    #[test]
+    fn added_token_ids_equal_the_crates() {
+        let mut vocab: serde_json::Map<String, Value> = serde_json::Map::new();
+        for (i, c) in crate::tokenize::hfbpe::byte_level_alphabet().iter().enumerate() {
+            vocab.insert(c.to_string(), i.into());
+        }
+        let added = [token("<b>", true), token("a", false), token("<c>", false), token("!", true), token("<a>", true)];
+        let file = serde_json::json!({
+            "added_tokens": added.iter().enumerate().map(|(i, t)| serde_json::json!({
+                "id": 900 + i, "content": t.content, "single_word": false, "lstrip": false, "rstrip": false,
+                "normalized": t.normalized, "special": t.special,
+            })).collect::<Vec<_>>(),
+            "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+            "model": {"type": "BPE", "vocab": vocab, "merges": []},
+        });
+        let bytes = serde_json::to_vec(&file).unwrap();
+        let parsed: TokenizerFile = serde_json::from_slice(&bytes).unwrap();
+        let model: BpeModel = serde_json::from_str(parsed.model.unwrap().get()).unwrap();
+        let ours: Vec<(u32, AddedToken)> =
+            added_token_ids(&parsed.added_tokens, &model.vocab).unwrap().into_iter().map(|(id, t)| (id, t.clone())).collect();
+        let tok = tokenizers::Tokenizer::from_bytes(&bytes).unwrap();
+        let mut theirs: Vec<(u32, AddedToken)> = tok
+            .get_added_tokens_decoder()
+            .into_iter()
+            .map(|(id, t)| {
+                let t = AddedToken {
+                    content: t.content,
+                    single_word: t.single_word,
+                    lstrip: t.lstrip,
+                    rstrip: t.rstrip,
+                    normalized: t.normalized,
+                    special: t.special,
+                };
+                (id, t)
+            })
+            .collect();
+        theirs.sort_by_key(|(id, _)| *id);
+        assert_eq!(ours, theirs);
+        assert_eq!(ours.iter().map(|(id, _)| *id).collect::<Vec<_>>(), [33, 97, 256, 257, 258]);
+    }
+
+    #[test]
+    fn ambiguous_added_tokens_are_left_to_the_crate() {
+        let vocab: FxHashMap<String, u32> = [("a".to_string(), 0), ("b".to_string(), 1)].into_iter().collect();
+        assert!(added_token_ids(&[token("x", true), token("x", false)], &vocab).is_none());
+        assert!(added_token_ids(&[token("", true)], &vocab).is_none());
+        let sparse: FxHashMap<String, u32> = [("a".to_string(), 0), ("b".to_string(), 7)].into_iter().collect();
+        assert!(added_token_ids(&[token("x", true)], &sparse).is_none());
+        assert!(added_token_ids(&[token("x", true), token("b", false)], &vocab).is_some());
+    }
+
+    #[test]
+    fn merges_in_both_forms() {
+        let m: Vec<Merge> = serde_json::from_str(r#"["a b", ["c d", "e"]]"#).unwrap();
+        assert_eq!((m[0].0.as_str(), m[0].1.as_str(), m[1].0.as_str(), m[1].1.as_str()), ("a", "b", "c d", "e"));
+        assert!(serde_json::from_str::<Vec<Merge>>(r#"["a b c"]"#).is_err());
+        assert!(serde_json::from_str::<Vec<Merge>>(r#"[["a"]]"#).is_err());
+    }
+}
