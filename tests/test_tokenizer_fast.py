@@ -498,6 +498,23 @@ def test_variants_identity_equals_reference(variant_tok, allow_special):
     assert f.decode(f.encode(text)) == r.decode(r.encode(text))
 
 
+def test_file_the_tokenizers_crate_refuses(tmp_path):
+    """The fast backend reads only what it models, and loads the `tokenizers` crate when it
+    first needs it: a file the crate refuses (here for its decoder) still encodes exactly,
+    but decoding it raises a TokenizerError instead of returning an empty string."""
+    j = neox_json()
+    j["decoder"] = {"type": "NoSuchDecoder"}
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(j), encoding="utf-8")
+    tok = tokshuf.Tokenizer(str(path), backend="fast")
+    text = VARIANT_TEXTS[1]
+    assert tok.encode(text) == fast(NEOX).encode(text)
+    with pytest.raises(tokshuf.TokenizerError, match=r"not a usable tokenizer\.json"):
+        tok.decode(tok.encode(text))
+    with pytest.raises(tokshuf.TokenizerError, match=r"not a usable tokenizer\.json"):
+        tokshuf.Tokenizer(str(path), backend="reference")
+
+
 @settings(max_examples=10)
 @given(st.lists(nasty_text, min_size=1, max_size=4))
 def test_variants_on_generated_text(variant_tok, texts):

@@ -192,7 +192,12 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         ids = [int(x) for x in (_nth_example(cache, i) if isinstance(cache, UnpackedCache) else cache[i])]
         print(f"--- context {i}: {ids[:12]}{' ...' if len(ids) > 12 else ''}")
         if decoder is not None:
-            text = decoder.decode(ids)
+            try:
+                text = decoder.decode(ids)
+            except TokshufError as e:
+                print(f"  (cannot decode: {e})")
+                decoder = None
+                continue
             print(text[: args.chars] + (" [...]" if len(text) > args.chars else ""))
     return 0
 

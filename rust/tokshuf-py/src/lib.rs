@@ -23,6 +23,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use tokshuf_core::build::BuildOptions;
+use tokshuf_core::error::Error;
 use tokshuf_core::tokenize::Backend;
 
 pub use errors::to_pyerr;
@@ -126,8 +127,8 @@ impl Tokenizer {
         let tok = self.inner.clone();
         run_detached(py, move |_| tok.encode_batch(&texts, threads))
     }
-    fn decode(&self, py: Python<'_>, ids: Vec<u32>) -> String {
-        py.detach(|| self.inner.encoder.decode(&ids))
+    fn decode(&self, py: Python<'_>, ids: Vec<u32>) -> PyResult<String> {
+        py.detach(|| self.inner.encoder.decode(&ids)).map_err(|e| to_pyerr(Error::Tokenizer(e)))
     }
 }
 

@@ -629,8 +629,8 @@ mod tests {
             }
             Ok(())
         }
-        fn decode(&self, _: &[u32]) -> String {
-            String::new()
+        fn decode(&self, _: &[u32]) -> std::result::Result<String, String> {
+            Ok(String::new())
         }
     }
 

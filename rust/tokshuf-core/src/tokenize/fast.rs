@@ -330,7 +330,7 @@ impl Encoder for FastEncoder {
         }
         Ok(())
     }
-    fn decode(&self, ids: &[u32]) -> String {
+    fn decode(&self, ids: &[u32]) -> std::result::Result<String, String> {
         self.reference.decode(ids)
     }
 }

@@ -198,7 +198,7 @@ impl Encoder for Tiktoken {
         }
         Ok(())
     }
-    fn decode(&self, ids: &[u32]) -> String {
+    fn decode(&self, ids: &[u32]) -> std::result::Result<String, String> {
         let decoder = self.decoder.get_or_init(|| {
             let mut decoder = vec![Vec::new(); self.vocab_size as usize];
             for (bytes, id) in self.list.iter() {
@@ -215,7 +215,7 @@ impl Encoder for Tiktoken {
                 bytes.extend_from_slice(b);
             }
         }
-        String::from_utf8_lossy(&bytes).into_owned()
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
 }
 

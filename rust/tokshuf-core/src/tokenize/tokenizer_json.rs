@@ -39,8 +39,8 @@ impl Encoder for HfTokenizer {
         out.extend_from_slice(enc.get_ids());
         Ok(())
     }
-    fn decode(&self, ids: &[u32]) -> String {
-        self.0.decode(ids, false).unwrap_or_default()
+    fn decode(&self, ids: &[u32]) -> std::result::Result<String, String> {
+        self.0.decode(ids, false).map_err(|e| format!("decode failed: {e}"))
     }
 }
 
@@ -66,8 +66,8 @@ impl Encoder for LazyHf {
     fn encode_into(&self, text: &str, out: &mut Vec<u32>) -> std::result::Result<(), String> {
         self.get()?.encode_into(text, out)
     }
-    fn decode(&self, ids: &[u32]) -> String {
-        self.get().map(|t| t.decode(ids)).unwrap_or_default()
+    fn decode(&self, ids: &[u32]) -> std::result::Result<String, String> {
+        self.get()?.decode(ids)
     }
 }
 
