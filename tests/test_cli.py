@@ -231,8 +231,8 @@ def test_ctrl_c_message_has_a_line_of_its_own(tmp_path):
     r = build_on_tty(
         tmp_path,
         env={"TOKSHUF_TEST_SLOW": "stage1.file:1500"},
-        # Two threads finish their first files together, and a throttled redraw can go from
-        # 0/3 straight to 2/3; the third file still takes 1.5 s.
+        # Two threads finish their first files together: the bar may go from 0/3 straight to
+        # 2/3, and the third file still takes 1.5 s.
         interrupt_when=lambda out: re.search(rb" [12]/3 files", out) is not None,
     )
     assert r.returncode == 130

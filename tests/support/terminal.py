@@ -121,7 +121,17 @@ def run_on_tty(
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, width, 0, 0))
     full_env = {k: v for k, v in os.environ.items() if k != "TOKSHUF_DEBUG"}
     full_env.update(TERM="xterm", COLUMNS=str(width), **(env or {}))
-    proc = subprocess.Popen(argv, stdin=slave, stdout=subprocess.PIPE, stderr=slave, env=full_env)
+    # SIGINT as a terminal's Ctrl-C meets it: a shell starts background jobs with SIGINT
+    # ignored, and Python keeps an ignored SIGINT ignored, so a test suite run with `&`
+    # would pass that on to the command.
+    proc = subprocess.Popen(
+        argv,
+        stdin=slave,
+        stdout=subprocess.PIPE,
+        stderr=slave,
+        env=full_env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     os.close(slave)
     received = b""
     interrupted = False
