@@ -124,10 +124,15 @@ pub struct JsonParts {
 }
 
 impl JsonParts {
-    /// The added tokens by id, if known without the `tokenizers` crate (see
-    /// `hf_json::added_token_ids`); `vocab_size` and `token_id` are those of the crate then.
-    pub fn added_tokens(&self) -> Option<&[(u32, AddedToken)]> {
-        self.added.as_deref()
+    /// Are the added tokens known without the `tokenizers` crate (see
+    /// `hf_json::added_token_ids`)? `vocab_size` and `token_id` are those of the crate then.
+    pub fn knows_added_tokens(&self) -> bool {
+        self.added.is_some()
+    }
+
+    /// The same parts with the added tokens the crate loaded (`hf_json::crate_added_tokens`).
+    pub fn with_added_tokens(self, added: Vec<(u32, AddedToken)>) -> JsonParts {
+        JsonParts { added: Some(added), ..self }
     }
 
     /// The vocabulary's size with the added tokens, as `get_vocab_size(true)`.
@@ -141,20 +146,6 @@ impl JsonParts {
         let added = self.added.as_deref().unwrap_or_default();
         added.iter().find(|(_, t)| t.content == token).map(|&(id, _)| id).or_else(|| self.vocab.get(token).copied())
     }
-}
-
-/// The added tokens of `tok` by id, as `hf_json` reads them.
-pub fn crate_added_tokens(tok: &tokenizers::Tokenizer) -> Vec<(u32, AddedToken)> {
-    let mut added: Vec<(u32, AddedToken)> = tok
-        .get_added_tokens_decoder()
-        .into_iter()
-        .map(|(id, t)| {
-            let tokenizers::AddedToken { content, single_word, lstrip, rstrip, normalized, special } = t;
-            (id, AddedToken { content, single_word, lstrip, rstrip, normalized, special })
-        })
-        .collect();
-    added.sort_by_key(|(id, _)| *id);
-    added
 }
 
 pub struct FastEncoder {
@@ -204,32 +195,27 @@ impl FastEncoder {
         let body: BpeModel = serde_json::from_str(raw).map_err(|e| format!("BPE model: {e}"))?;
         let ignore_merges = head.ignore_merges.as_ref().and_then(Value::as_bool).unwrap_or(false);
         let model = MergeBpe::from_model(&body, ignore_merges)?;
-        let added = added_token_ids(&file.added_tokens, &body.vocab).map(|a| a.into_iter().map(|(id, t)| (id, t.clone())).collect());
+        let added = added_token_ids(file.added_tokens, &body.vocab);
         Ok(JsonParts { nfc, pretok: PreTokenizer::new(pattern).map_err(|e| e.to_string())?, model, vocab: body.vocab, added })
     }
 
-    /// The encoder of a tokenizer.json from its `parts` and its `added` tokens by id (the
-    /// parts' own, or those the `tokenizers` crate loaded from the same bytes);
-    /// `Err(reason)` if its added tokens are not modelled.
-    pub fn tokenizer_json(
-        parts: JsonParts,
-        added: &[(u32, AddedToken)],
-        allow_special: bool,
-        reference: Arc<dyn Encoder>,
-    ) -> Result<FastEncoder, String> {
-        let JsonParts { nfc, pretok, model, .. } = parts;
+    /// The encoder of a tokenizer.json from its `parts`, their added tokens known (read from
+    /// the file, or `with_added_tokens`); `Err(reason)` if its added tokens are not modelled.
+    pub fn tokenizer_json(parts: JsonParts, allow_special: bool, reference: Arc<dyn Encoder>) -> Result<FastEncoder, String> {
+        let JsonParts { nfc, pretok, model, added, .. } = parts;
+        let added = added.ok_or("the added tokens' ids are not known")?;
         let mut raw = Vec::new();
         let mut normalized = Vec::new();
-        for &(id, ref t) in added {
+        for (id, t) in added {
             if t.single_word || t.lstrip || t.rstrip {
                 return Err(format!("added token {:?} uses single_word/lstrip/rstrip", t.content));
             }
             let skip = t.special && !allow_special;
             if t.normalized {
-                let content = if nfc { t.content.nfc().map(|(c, _)| c).collect() } else { t.content.clone() };
+                let content = if nfc { t.content.nfc().map(|(c, _)| c).collect() } else { t.content };
                 normalized.push((content, id, skip));
             } else {
-                raw.push((t.content.clone(), id, skip));
+                raw.push((t.content, id, skip));
             }
         }
         // All-skipped raw tokens never split anything; with no split, the normalizer runs

@@ -95,12 +95,11 @@ impl<'de> Deserialize<'de> for Merge {
 /// the crate's result would hinge on details not modelled here (an empty or repeated
 /// content, ids that are not 0..n in the vocabulary, two tokens on one id): the caller
 /// then asks the crate.
-pub fn added_token_ids<'t>(added: &'t [AddedToken], vocab: &FxHashMap<String, u32>) -> Option<Vec<(u32, &'t AddedToken)>> {
+pub fn added_token_ids(added: Vec<AddedToken>, vocab: &FxHashMap<String, u32>) -> Option<Vec<(u32, AddedToken)>> {
     let dense = vocab.values().all(|&id| (id as usize) < vocab.len());
     let mut next = u32::try_from(vocab.len()).ok()?;
-    let (mut contents, mut ids) = (HashSet::new(), HashSet::new());
-    let mut out = Vec::with_capacity(added.len());
-    for t in added {
+    let (mut contents, mut ids) = (HashSet::new(), Vec::with_capacity(added.len()));
+    for t in &added {
         if t.content.is_empty() || !contents.insert(&t.content) || !dense {
             return None;
         }
@@ -111,13 +110,28 @@ pub fn added_token_ids<'t>(added: &'t [AddedToken], vocab: &FxHashMap<String, u3
                 next - 1
             }
         };
-        if !ids.insert(id) {
+        if ids.contains(&id) {
             return None;
         }
-        out.push((id, t));
+        ids.push(id);
     }
+    let mut out: Vec<(u32, AddedToken)> = ids.into_iter().zip(added).collect();
     out.sort_by_key(|&(id, _)| id);
     Some(out)
+}
+
+/// The added tokens of the crate's `tok` by id, in the form `added_token_ids` gives them.
+pub fn crate_added_tokens(tok: &tokenizers::Tokenizer) -> Vec<(u32, AddedToken)> {
+    let mut added: Vec<(u32, AddedToken)> = tok
+        .get_added_tokens_decoder()
+        .into_iter()
+        .map(|(id, t)| {
+            let tokenizers::AddedToken { content, single_word, lstrip, rstrip, normalized, special } = t;
+            (id, AddedToken { content, single_word, lstrip, rstrip, normalized, special })
+        })
+        .collect();
+    added.sort_by_key(|(id, _)| *id);
+    added
 }
 
 #[cfg(test)]
@@ -148,25 +162,8 @@ mod tests {
         let bytes = serde_json::to_vec(&file).unwrap();
         let parsed: TokenizerFile = serde_json::from_slice(&bytes).unwrap();
         let model: BpeModel = serde_json::from_str(parsed.model.unwrap().get()).unwrap();
-        let ours: Vec<(u32, AddedToken)> =
-            added_token_ids(&parsed.added_tokens, &model.vocab).unwrap().into_iter().map(|(id, t)| (id, t.clone())).collect();
-        let tok = tokenizers::Tokenizer::from_bytes(&bytes).unwrap();
-        let mut theirs: Vec<(u32, AddedToken)> = tok
-            .get_added_tokens_decoder()
-            .into_iter()
-            .map(|(id, t)| {
-                let t = AddedToken {
-                    content: t.content,
-                    single_word: t.single_word,
-                    lstrip: t.lstrip,
-                    rstrip: t.rstrip,
-                    normalized: t.normalized,
-                    special: t.special,
-                };
-                (id, t)
-            })
-            .collect();
-        theirs.sort_by_key(|(id, _)| *id);
+        let ours = added_token_ids(parsed.added_tokens, &model.vocab).unwrap();
+        let theirs = crate_added_tokens(&tokenizers::Tokenizer::from_bytes(&bytes).unwrap());
         assert_eq!(ours, theirs);
         assert_eq!(ours.iter().map(|(id, _)| *id).collect::<Vec<_>>(), [33, 97, 256, 257, 258]);
     }
@@ -174,11 +171,11 @@ mod tests {
     #[test]
     fn ambiguous_added_tokens_are_left_to_the_crate() {
         let vocab: FxHashMap<String, u32> = [("a".to_string(), 0), ("b".to_string(), 1)].into_iter().collect();
-        assert!(added_token_ids(&[token("x", true), token("x", false)], &vocab).is_none());
-        assert!(added_token_ids(&[token("", true)], &vocab).is_none());
+        assert!(added_token_ids(vec![token("x", true), token("x", false)], &vocab).is_none());
+        assert!(added_token_ids(vec![token("", true)], &vocab).is_none());
         let sparse: FxHashMap<String, u32> = [("a".to_string(), 0), ("b".to_string(), 7)].into_iter().collect();
-        assert!(added_token_ids(&[token("x", true)], &sparse).is_none());
-        assert!(added_token_ids(&[token("x", true), token("b", false)], &vocab).is_some());
+        assert!(added_token_ids(vec![token("x", true)], &sparse).is_none());
+        assert!(added_token_ids(vec![token("x", true), token("b", false)], &vocab).is_some());
     }
 
     #[test]

@@ -19,7 +19,6 @@ use std::collections::BinaryHeap;
 use rustc_hash::FxHashMap;
 
 use crate::tokenize::hf_json::BpeModel;
-
 use crate::tokenize::pair_table::PairTable;
 use crate::tokenize::token_table::{pack, TokenTable, MAX_LEN};
 

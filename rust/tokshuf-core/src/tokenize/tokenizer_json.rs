@@ -6,7 +6,8 @@ use std::sync::{Arc, OnceLock};
 
 use sha2::{Digest, Sha256};
 
-use super::fast::{crate_added_tokens, FastEncoder};
+use super::fast::FastEncoder;
+use super::hf_json::crate_added_tokens;
 use super::{choose, Backend, Encoder, Tokenizer, FAST_BACKEND};
 use crate::error::{Error, Result};
 
@@ -92,25 +93,14 @@ pub(super) fn load_tokenizer_json(spec: &str, path: &Path, allow_special: bool, 
     // Where the fast backend models the whole file, added tokens included, the `tokenizers`
     // crate (0.1 s for GPT-NeoX) is loaded only if the reference is ever used.
     let parts = match parts {
-        Some(Ok(p)) if p.added_tokens().is_some() => {
-            let find = |cands: &[&str]| cands.iter().find_map(|t| p.token_id(t));
-            let (eot_id, pad_id, bos_id) = (find(&EOT_CANDIDATES), find(&PAD_CANDIDATES), find(&BOS_CANDIDATES));
+        Some(Ok(p)) if p.knows_added_tokens() => {
+            let [eot_id, pad_id, bos_id] = special_ids(|t| p.token_id(t));
             let vocab_size = p.vocab_size() as u32;
-            let added = p.added_tokens().unwrap_or_default().to_vec();
             let reference = Arc::new(LazyHf { path: path.to_path_buf(), bytes: bytes.clone(), allow_special, tok: OnceLock::new() });
-            match FastEncoder::tokenizer_json(p, &added, allow_special, reference) {
+            match FastEncoder::tokenizer_json(p, allow_special, reference) {
                 Ok(fast) => {
-                    let encoder = Arc::new(fast);
-                    return Ok(Tokenizer {
-                        spec: spec.to_string(),
-                        sha256,
-                        vocab_size,
-                        backend: FAST_BACKEND,
-                        eot_id,
-                        pad_id,
-                        bos_id,
-                        encoder,
-                    });
+                    let (backend, encoder) = (FAST_BACKEND, Arc::new(fast));
+                    return Ok(Tokenizer { spec: spec.to_string(), sha256, vocab_size, backend, eot_id, pad_id, bos_id, encoder });
                 }
                 Err(reason) => Some(Err(reason)),
             }
@@ -118,16 +108,20 @@ pub(super) fn load_tokenizer_json(spec: &str, path: &Path, allow_special: bool, 
         other => other,
     };
     let tok = load_hf(path, &bytes, allow_special)?;
-    let find = |cands: &[&str]| cands.iter().find_map(|t| tok.token_to_id(t));
-    let (eot_id, pad_id, bos_id) = (find(&EOT_CANDIDATES), find(&PAD_CANDIDATES), find(&BOS_CANDIDATES));
+    let [eot_id, pad_id, bos_id] = special_ids(|t| tok.token_to_id(t));
     let vocab_size = tok.get_vocab_size(true) as u32;
     let tok = Arc::new(tok);
     let reference: Arc<dyn Encoder> = Arc::new(HfTokenizer(tok.clone()));
     let (encoder, backend) = choose(spec, backend, (reference.clone(), "hf-tokenizers"), || {
         let parts = parts.unwrap_or_else(|| Err("not built".into()))?;
-        FastEncoder::tokenizer_json(parts, &crate_added_tokens(&tok), allow_special, reference)
+        FastEncoder::tokenizer_json(parts.with_added_tokens(crate_added_tokens(&tok)), allow_special, reference)
     })?;
     Ok(Tokenizer { spec: spec.to_string(), sha256, vocab_size, backend, eot_id, pad_id, bos_id, encoder })
+}
+
+/// The ids of the end-of-text, padding and beginning-of-text tokens, by the usual names.
+fn special_ids(id_of: impl Fn(&str) -> Option<u32>) -> [Option<u32>; 3] {
+    [EOT_CANDIDATES.as_slice(), &PAD_CANDIDATES, &BOS_CANDIDATES].map(|cands| cands.iter().find_map(|t| id_of(t)))
 }
 
 /// `ORG/NAME` when `spec` names a Hugging Face model rather than a path: one slash between
