@@ -3,8 +3,6 @@
 
 use std::sync::{Arc, OnceLock};
 
-use sha2::{Digest, Sha256};
-
 use super::bpe::{self, BytePairEncoder, TokenList};
 // tiktoken's pre-tokenizer patterns, as in tiktoken_ext.openai_public (the fast scanners
 // recognise them by this exact text).
@@ -14,6 +12,9 @@ use crate::error::{Error, Result};
 
 struct TiktokenSpec {
     data: &'static [u8],
+    /// Of the decompressed file (the hashes tiktoken checks its downloads against): a
+    /// constant rather than computed at every load; a test checks it.
+    sha256: &'static str,
     pattern: &'static str,
     ws: WsRule,
     /// (token, id) of the special tokens; the first is end-of-text.
@@ -24,18 +25,21 @@ fn tiktoken_spec(name: &str) -> Option<TiktokenSpec> {
     Some(match name {
         "r50k_base" | "gpt2" => TiktokenSpec {
             data: include_bytes!("../../data/r50k_base.tiktoken.gz"),
+            sha256: "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930",
             pattern: R50K_PAT,
             ws: WsRule::R50k,
             specials: &[("<|endoftext|>", 50256)],
         },
         "p50k_base" => TiktokenSpec {
             data: include_bytes!("../../data/p50k_base.tiktoken.gz"),
+            sha256: "94b5ca7dff4d00767bc256fdd1b27e5b17361d7b8a5f968547f9f23eb70d2069",
             pattern: R50K_PAT,
             ws: WsRule::R50k,
             specials: &[("<|endoftext|>", 50256)],
         },
         "cl100k_base" => TiktokenSpec {
             data: include_bytes!("../../data/cl100k_base.tiktoken.gz"),
+            sha256: "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
             pattern: CL100K_PAT,
             ws: WsRule::Cl100k,
             specials: &[
@@ -48,6 +52,7 @@ fn tiktoken_spec(name: &str) -> Option<TiktokenSpec> {
         },
         "o200k_base" => TiktokenSpec {
             data: include_bytes!("../../data/o200k_base.tiktoken.gz"),
+            sha256: "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
             pattern: O200K_PAT,
             ws: WsRule::O200k,
             specials: &[("<|endoftext|>", 199999), ("<|endofprompt|>", 200018)],
@@ -223,13 +228,11 @@ pub(super) fn load_tiktoken(spec: &str, name: &str, backend: Backend) -> Result<
     let s = tiktoken_spec(name)
         .ok_or_else(|| Error::Tokenizer(format!("unknown tiktoken encoding {name:?}; known: {}", TIKTOKEN_NAMES.join(", "))))?;
     // The fast backend's class table is built beside the ranks.
-    let (raw, list) = std::thread::scope(|sc| {
+    let list = std::thread::scope(|sc| {
         if backend != Backend::Reference {
             sc.spawn(crate::tokenize::pretok::CharClasses::shared);
         }
-        let raw = bpe::gunzip(s.data)?;
-        let list = bpe::parse_token_list(&raw)?;
-        Ok::<_, Error>((raw, list))
+        bpe::parse_token_list(&bpe::gunzip(s.data)?)
     })?;
     let mut single = [false; 256];
     for (tok, _) in list.iter().filter(|(t, _)| t.len() == 1) {
@@ -238,7 +241,7 @@ pub(super) fn load_tiktoken(spec: &str, name: &str, backend: Backend) -> Result<
     if let Some(b) = single.iter().position(|&x| !x) {
         return Err(Error::Tokenizer(format!("{spec}: vocabulary lacks the single byte {b:#04x}")));
     }
-    let sha256 = crate::format::hex(&Sha256::digest(&raw));
+    let sha256 = s.sha256.to_string();
     let max_rank = list.max_rank().unwrap_or(0);
     let max_special = s.specials.iter().map(|&(_, id)| id).max().unwrap_or(0);
     let vocab_size = max_rank.max(max_special) + 1;
@@ -262,5 +265,18 @@ pub(super) fn load_tiktoken(spec: &str, name: &str, backend: Backend) -> Result<
     Ok(Tokenizer { spec: spec.to_string(), sha256, vocab_size, backend, eot_id: Some(eot), pad_id: None, bos_id: None, encoder })
 }
 
-// ---------------------------------------------------------------------------------------
-// Hugging Face tokenizer.json
+#[cfg(test)]
+mod tests {
+    use sha2::{Digest, Sha256};
+
+    use super::*;
+
+    /// The recorded hashes are those of the embedded files, as decompressed at load.
+    #[test]
+    fn embedded_files_have_their_recorded_hashes() {
+        for name in TIKTOKEN_NAMES {
+            let s = tiktoken_spec(name).unwrap();
+            assert_eq!(crate::format::hex(&Sha256::digest(bpe::gunzip(s.data).unwrap())), s.sha256, "{name}");
+        }
+    }
+}

@@ -51,20 +51,40 @@ impl TokenTable {
     }
 
     /// From at most `n` tokens of 1 to `MAX_LEN` bytes, (bytes, id); a later duplicate wins.
+    /// Inserts land on random lines of a table far larger than the caches, so each token's
+    /// line is requested `AHEAD` tokens before it is written (inserts stay in order).
     pub fn build<'a>(n: usize, tokens: impl Iterator<Item = (&'a [u8], u32)>) -> TokenTable {
+        const AHEAD: usize = 16;
         let bits = (n.max(1) * 2).next_power_of_two().trailing_zeros().max(4);
         let mut t = TokenTable { entries: vec![Entry { key: 0, id: 0 }; 1 << bits].into_boxed_slice(), shift: 64 - bits };
-        let mask = t.entries.len() - 1;
+        let mut waiting = [(0u128, 0u32, 0usize); AHEAD];
+        let mut k = 0;
         for (bytes, id) in tokens {
             debug_assert!((1..=MAX_LEN).contains(&bytes.len()));
             let key = pack(bytes);
-            let mut i = t.home(key);
-            while t.entries[i].key != 0 && t.entries[i].key != key {
-                i = (i + 1) & mask;
+            let home = t.home(key);
+            prefetch(&t.entries[home]);
+            let slot = &mut waiting[k % AHEAD];
+            if k >= AHEAD {
+                t.insert(*slot);
             }
-            t.entries[i] = Entry { key, id };
+            *slot = (key, id, home);
+            k += 1;
+        }
+        for j in k.saturating_sub(AHEAD)..k {
+            t.insert(waiting[j % AHEAD]);
         }
         t
+    }
+
+    #[inline(always)]
+    fn insert(&mut self, (key, id, home): (u128, u32, usize)) {
+        let mask = self.entries.len() - 1;
+        let mut i = home;
+        while self.entries[i].key != 0 && self.entries[i].key != key {
+            i = (i + 1) & mask;
+        }
+        self.entries[i] = Entry { key, id };
     }
 
     #[inline(always)]
