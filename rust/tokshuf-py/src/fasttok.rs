@@ -3,6 +3,7 @@
 
 use pyo3::prelude::*;
 
+use tokshuf_core::tokenize::nfc::NfcSafe;
 use tokshuf_core::tokenize::pretok::{self, CharClasses, Engine, Pattern, PreTokenizer};
 use tokshuf_core::Error;
 
@@ -32,11 +33,11 @@ fn _fast_pretokenize(py: Python<'_>, pattern: &str, engine_name: &str, text: &st
 #[pyfunction]
 fn _fast_char_classes(py: Python<'_>) -> PyResult<Vec<(String, Vec<u32>)>> {
     let t = py.detach(CharClasses::shared).map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
-    let mut out: Vec<(String, Vec<u32>)> =
-        [("L", pretok::L), ("N", pretok::N), ("S", pretok::S), ("UP", pretok::UP), ("LO", pretok::LO), ("NFC_SAFE", pretok::NFC_SAFE)]
-            .iter()
-            .map(|&(name, bit)| (name.to_string(), t.members(bit)))
-            .collect();
+    let mut out: Vec<(String, Vec<u32>)> = [("L", pretok::L), ("N", pretok::N), ("S", pretok::S), ("UP", pretok::UP), ("LO", pretok::LO)]
+        .iter()
+        .map(|&(name, bit)| (name.to_string(), t.members(bit)))
+        .collect();
+    out.push(("NFC_SAFE".to_string(), py.detach(|| NfcSafe::shared().members())));
     for l in *b"stmdlver" {
         out.push((format!("fold_{}", l as char), t.fold_members(l)));
     }

@@ -56,8 +56,9 @@ use crate::tokenize::bpe::TokenList;
 use crate::tokenize::encoder::Encoder;
 use crate::tokenize::hf_json::{added_token_ids, AddedToken, BpeModel, ModelHead, TokenizerFile};
 use crate::tokenize::hfbpe::MergeBpe;
+use crate::tokenize::nfc::NfcSafe;
 use crate::tokenize::piece_cache::{Lookahead, PieceCache};
-use crate::tokenize::pretok::{self, CharClasses, Engine, Pattern, PreTokenizer};
+use crate::tokenize::pretok::{Engine, Pattern, PreTokenizer};
 use crate::tokenize::rank_bpe::RankBpe;
 use crate::tokenize::token_table::TokenTable;
 
@@ -67,14 +68,6 @@ use crate::tokenize::token_table::TokenTable;
 const CACHE_BITS: u32 = 18;
 /// Memos kept per thread (one per tokenizer in use); the oldest is dropped beyond this.
 const CACHES_PER_THREAD: usize = 4;
-
-/// Could NFC change `text`? Characters below U+0300 (lead bytes below 0xCC) never do; the
-/// rest are looked up.
-fn may_change_under_nfc(text: &str, classes: &CharClasses) -> bool {
-    let b = text.as_bytes();
-    let Some(first) = b.iter().position(|&x| x >= 0xCC) else { return false };
-    text[first..].chars().any(|c| (c as u32) >= 0x300 && classes.get(c as u32) & pretok::NFC_SAFE == 0)
-}
 
 /// How pieces the memo does not hold are merged.
 enum Model {
@@ -152,7 +145,8 @@ pub struct FastEncoder {
     uid: u64,
     pretok: PreTokenizer,
     model: Model,
-    nfc: bool,
+    /// With an NFC normalizer, the characters it never changes.
+    nfc: Option<Arc<NfcSafe>>,
     raw_added: Option<Matcher>,
     normalized_added: Option<Matcher>,
     reference: Arc<dyn Encoder>,
@@ -166,7 +160,7 @@ impl FastEncoder {
             uid: NEXT_UID.fetch_add(1, Ordering::Relaxed),
             pretok: PreTokenizer::new(p).map_err(|e| e.to_string())?,
             model: Model::Ranks(RankBpe::new(list)?),
-            nfc: false,
+            nfc: None,
             raw_added: None,
             normalized_added: None,
             reference,
@@ -226,7 +220,7 @@ impl FastEncoder {
             uid: NEXT_UID.fetch_add(1, Ordering::Relaxed),
             pretok,
             model: Model::Merges(model),
-            nfc,
+            nfc: nfc.then(NfcSafe::shared),
             raw_added,
             normalized_added,
             reference,
@@ -278,7 +272,7 @@ impl FastEncoder {
     }
 
     fn encode_normalized(&self, text: &str, out: &mut Vec<u32>, st: &mut ThreadState) -> Result<(), usize> {
-        let text: Cow<str> = if self.nfc && may_change_under_nfc(text, self.pretok.classes()) {
+        let text: Cow<str> = if self.nfc.as_ref().is_some_and(|t| t.may_change(text)) {
             Cow::Owned(text.nfc().map(|(c, _)| c).collect())
         } else {
             Cow::Borrowed(text)

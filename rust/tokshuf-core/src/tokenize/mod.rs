@@ -18,6 +18,7 @@ mod encoder;
 pub mod fast;
 mod hf_json;
 pub mod hfbpe;
+pub mod nfc;
 mod pair_table;
 pub mod piece_cache;
 mod prefetch;

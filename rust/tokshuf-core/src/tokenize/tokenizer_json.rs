@@ -8,6 +8,8 @@ use sha2::{Digest, Sha256};
 
 use super::fast::FastEncoder;
 use super::hf_json::crate_added_tokens;
+use super::nfc::NfcSafe;
+use super::pretok::CharClasses;
 use super::{choose, Backend, Encoder, Tokenizer, FAST_BACKEND};
 use crate::error::{Error, Result};
 
@@ -82,13 +84,23 @@ fn load_hf(path: &Path, bytes: &[u8], allow_special: bool) -> Result<tokenizers:
 
 pub(super) fn load_tokenizer_json(spec: &str, path: &Path, allow_special: bool, backend: Backend) -> Result<Tokenizer> {
     let bytes: Arc<[u8]> = std::fs::read(path).map_err(|e| Error::io(path, e))?.into();
-    let sha256 = crate::format::hex(&Sha256::digest(&bytes));
-    // The fast backend's class table is built beside the model.
-    let parts = (backend != Backend::Reference).then(|| {
-        std::thread::scope(|sc| {
-            sc.spawn(crate::tokenize::pretok::CharClasses::shared);
-            FastEncoder::tokenizer_json_parts(&bytes)
-        })
+    let fast = backend != Backend::Reference;
+    let hash = || crate::format::hex(&Sha256::digest(&bytes));
+    // Beside the model: the hash, and the fast backend's class table and, if the file names an
+    // NFC normalizer (a guess from its bytes: the encoder asks for the table anyway), the
+    // characters NFC never changes.
+    let (sha256, parts) = std::thread::scope(|sc| {
+        let helper = sc.spawn(|| {
+            if fast {
+                let _ = CharClasses::shared();
+                if memchr::memmem::find(&bytes, br#""NFC""#).is_some() {
+                    NfcSafe::shared();
+                }
+            }
+            hash()
+        });
+        let parts = fast.then(|| FastEncoder::tokenizer_json_parts(&bytes));
+        (helper.join().unwrap_or_else(|_| hash()), parts)
     });
     // Where the fast backend models the whole file, added tokens included, the `tokenizers`
     // crate (0.1 s for GPT-NeoX) is loaded only if the reference is ever used.

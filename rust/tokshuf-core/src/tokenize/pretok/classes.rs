@@ -11,9 +11,6 @@ pub const N: u8 = 2; // \p{N}
 pub const S: u8 = 4; // \s
 pub const UP: u8 = 8; // [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]
 pub const LO: u8 = 16; // [\p{Ll}\p{Lm}\p{Lo}\p{M}]
-/// NFC quick check is Yes and the canonical combining class is 0: such a character never
-/// changes under NFC, whatever surrounds it (from the normalizer Hugging Face uses).
-pub const NFC_SAFE: u8 = 32;
 
 const BLOCK: usize = 128;
 
@@ -73,7 +70,7 @@ impl CharClasses {
         v
     }
 
-    /// The table, built on first use (about 20 ms) and shared by the whole process.
+    /// The table, built on first use (a few ms) and shared by the whole process.
     pub fn shared() -> Result<Arc<CharClasses>> {
         static TABLE: OnceLock<std::result::Result<Arc<CharClasses>, String>> = OnceLock::new();
         TABLE.get_or_init(|| build().map(Arc::new)).clone().map_err(Error::Tokenizer)
@@ -121,17 +118,6 @@ fn regex_syntax_members() -> Res<Members> {
     Ok(Members { classes, folds })
 }
 
-/// Code points that never change under NFC, whatever surrounds them, as the normalizer
-/// Hugging Face uses decides.
-fn nfc_safe() -> Vec<u32> {
-    use unicode_normalization_alignments::{char::canonical_combining_class, is_nfc_quick, IsNormalized};
-    (0..0x110000u32)
-        .filter_map(char::from_u32)
-        .filter(|&c| canonical_combining_class(c) == 0 && is_nfc_quick(std::iter::once(c)) == IsNormalized::Yes)
-        .map(|c| c as u32)
-        .collect()
-}
-
 fn build() -> Res<CharClasses> {
     let members = regex_syntax_members()?;
     let mut table = vec![0u8; 0x110000];
@@ -139,9 +125,6 @@ fn build() -> Res<CharClasses> {
         for &cp in cps {
             table[cp as usize] |= bit;
         }
-    }
-    for cp in nfc_safe() {
-        table[cp as usize] |= NFC_SAFE;
     }
     let mut ascii = [0u8; 128];
     ascii.copy_from_slice(&table[..128]);
