@@ -47,14 +47,13 @@ use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use rustc_hash::FxHashMap;
 use serde_json::Value;
 use unicode_normalization_alignments::UnicodeNormalization;
 
 use crate::tokenize::added_tokens::{segments, Matcher, Seg};
 use crate::tokenize::bpe::TokenList;
 use crate::tokenize::encoder::Encoder;
-use crate::tokenize::hf_json::{added_token_ids, AddedToken, BpeModel, ModelHead, TokenizerFile};
+use crate::tokenize::hf_json::{added_token_ids, AddedToken, BpeModel, ModelHead, TokenizerFile, Vocab};
 use crate::tokenize::hfbpe::MergeBpe;
 use crate::tokenize::nfc::NfcSafe;
 use crate::tokenize::piece_cache::{Lookahead, PieceCache};
@@ -107,16 +106,16 @@ thread_local! {
 static NEXT_UID: AtomicU64 = AtomicU64::new(1);
 
 /// See `FastEncoder::tokenizer_json_parts`.
-pub struct JsonParts {
+pub struct JsonParts<'a> {
     nfc: bool,
     pretok: PreTokenizer,
     model: MergeBpe,
-    vocab: FxHashMap<String, u32>,
+    vocab: Vocab<'a>,
     /// The added tokens by the ids the `tokenizers` crate gives them, if found without it.
     added: Option<Vec<(u32, AddedToken)>>,
 }
 
-impl JsonParts {
+impl<'a> JsonParts<'a> {
     /// Are the added tokens known without the `tokenizers` crate (see
     /// `hf_json::added_token_ids`)? `vocab_size` and `token_id` are those of the crate then.
     pub fn knows_added_tokens(&self) -> bool {
@@ -124,14 +123,14 @@ impl JsonParts {
     }
 
     /// The same parts with the added tokens the crate loaded (`hf_json::crate_added_tokens`).
-    pub fn with_added_tokens(self, added: Vec<(u32, AddedToken)>) -> JsonParts {
+    pub fn with_added_tokens(self, added: Vec<(u32, AddedToken)>) -> JsonParts<'a> {
         JsonParts { added: Some(added), ..self }
     }
 
     /// The vocabulary's size with the added tokens, as `get_vocab_size(true)`.
     pub fn vocab_size(&self) -> usize {
         let added = self.added.as_deref().unwrap_or_default();
-        self.vocab.len() + added.iter().filter(|(_, t)| !self.vocab.contains_key(&t.content)).count()
+        self.vocab.len() + added.iter().filter(|(_, t)| !self.vocab.contains_key(t.content.as_str())).count()
     }
 
     /// The id of `token`, an added token's first, as `token_to_id`.
@@ -170,7 +169,7 @@ impl FastEncoder {
     /// The parts of the encoder of a tokenizer.json read from its bytes (with its added
     /// tokens, where that needs no `tokenizers` crate); `Err(reason)` if its configuration
     /// is not one this backend models exactly.
-    pub fn tokenizer_json_parts(bytes: &[u8]) -> Result<JsonParts, String> {
+    pub fn tokenizer_json_parts(bytes: &[u8]) -> Result<JsonParts<'_>, String> {
         let file: TokenizerFile = serde_json::from_slice(bytes).map_err(|e| format!("not a tokenizer.json: {e}"))?;
         let nfc = match &file.normalizer {
             None => false,
@@ -195,7 +194,7 @@ impl FastEncoder {
 
     /// The encoder of a tokenizer.json from its `parts`, their added tokens known (read from
     /// the file, or `with_added_tokens`); `Err(reason)` if its added tokens are not modelled.
-    pub fn tokenizer_json(parts: JsonParts, allow_special: bool, reference: Arc<dyn Encoder>) -> Result<FastEncoder, String> {
+    pub fn tokenizer_json(parts: JsonParts<'_>, allow_special: bool, reference: Arc<dyn Encoder>) -> Result<FastEncoder, String> {
         let JsonParts { nfc, pretok, model, added, .. } = parts;
         let added = added.ok_or("the added tokens' ids are not known")?;
         let mut raw = Vec::new();

@@ -43,11 +43,6 @@ pub fn byte_level_alphabet() -> [char; 256] {
     table
 }
 
-/// Bytes of a byte-level token string, or `None` if it holds a character outside the alphabet.
-pub fn byte_level_decode(token: &str, inverse: &FxHashMap<char, u8>) -> Option<Vec<u8>> {
-    token.chars().map(|c| inverse.get(&c).copied()).collect()
-}
-
 /// Pieces that are themselves a token and encode to it, found without merging.
 enum Whole {
     Never,
@@ -109,7 +104,7 @@ impl MergeBpe {
         let mut merges = PairTable::with_capacity(model.merges.len());
         let mut merged = String::new();
         for (rank, m) in model.merges.iter().enumerate() {
-            let (a, b) = (m.0.as_str(), m.1.as_str());
+            let (a, b) = (&*m.0, &*m.1);
             let missing = |t: &str| format!("merge token {t:?} is not in the vocabulary");
             let ia = id_of(a).ok_or_else(|| missing(a))?;
             let ib = id_of(b).ok_or_else(|| missing(b))?;
@@ -120,38 +115,58 @@ impl MergeBpe {
             // Later duplicates win, as in `tokenizers` (it collects into a map in order).
             merges.insert(ia, ib, rank as u32, inew);
         }
-        let inverse: FxHashMap<char, u8> = alphabet.iter().enumerate().map(|(b, &c)| (c, b as u8)).collect();
-        let decoded = vocab.iter().filter_map(|(tok, &id)| Some((byte_level_decode(tok, &inverse)?, id)));
+        // Every token's bytes in one buffer (no allocation per token), tokens holding a
+        // character outside the alphabet left out. The alphabet's characters are below U+0200.
+        let mut inverse = [u16::MAX; 0x200];
+        for (b, &c) in alphabet.iter().enumerate() {
+            inverse[c as usize] = b as u16;
+        }
+        let (mut bytes, mut spans) = (Vec::with_capacity(vocab.len() * 8), Vec::with_capacity(vocab.len()));
+        'tokens: for (tok, &id) in vocab {
+            let start = bytes.len();
+            for c in tok.chars() {
+                match inverse.get(c as usize) {
+                    Some(&b) if b != u16::MAX => bytes.push(b as u8),
+                    _ => {
+                        bytes.truncate(start);
+                        continue 'tokens;
+                    }
+                }
+            }
+            spans.push((start, bytes.len(), id));
+        }
+        let decoded = spans.iter().map(|&(s, e, id)| (&bytes[s..e], id));
         let bpe = if ignore_merges {
-            let decoded: Vec<(Vec<u8>, u32)> = decoded.collect();
-            MergeBpe::assemble(byte_ids, merges, Whole::tokens(decoded.iter().map(|(b, id)| (&b[..], *id))))
+            MergeBpe::assemble(byte_ids, merges, Whole::tokens(decoded))
         } else {
             // A token is its own encoding when its merge ends in it; those of up to 15 bytes
             // (most pieces) then need no merging, as if `ignore_merges` were set.
             let bpe = MergeBpe::assemble(byte_ids, merges, Whole::Never);
-            let short: Vec<(Vec<u8>, u32)> = decoded.filter(|(b, _)| (1..=MAX_LEN).contains(&b.len())).collect();
-            let own = |part: &[(Vec<u8>, u32)]| -> Vec<(Vec<u8>, u32)> {
-                let mut ids = Vec::new();
-                part.iter()
-                    .filter(|(b, id)| {
-                        ids.clear();
-                        bpe.encode_piece(b, &mut ids);
-                        ids[..] == [*id]
-                    })
-                    .cloned()
-                    .collect()
-            };
+            let short: Vec<(&[u8], u32)> = decoded.filter(|(b, _)| (1..=MAX_LEN).contains(&b.len())).collect();
             let (first, second) = short.split_at(short.len() / 2);
-            let (x, y) = std::thread::scope(|sc| {
-                let h = sc.spawn(|| own(second));
-                let x = own(first);
-                (x, h.join().unwrap_or_else(|_| own(second)))
+            let (mut own, rest) = std::thread::scope(|sc| {
+                let h = sc.spawn(|| bpe.own_encodings(second));
+                let own = bpe.own_encodings(first);
+                (own, h.join().unwrap_or_else(|_| bpe.own_encodings(second)))
             });
-            let own: Vec<(&[u8], u32)> = x.iter().chain(&y).map(|(b, id)| (&b[..], *id)).collect();
+            own.extend(rest);
             let table = TokenTable::new(&own);
             MergeBpe { whole: Whole::Tokens { short: table, long: FxHashMap::default() }, ..bpe }
         };
         Ok(bpe)
+    }
+
+    /// The tokens of `part` that encode to themselves.
+    fn own_encodings<'t>(&self, part: &[(&'t [u8], u32)]) -> Vec<(&'t [u8], u32)> {
+        let mut ids = Vec::new();
+        part.iter()
+            .filter(|(b, id)| {
+                ids.clear();
+                self.encode_piece(b, &mut ids);
+                ids[..] == [*id]
+            })
+            .copied()
+            .collect()
     }
 
     fn assemble(byte_ids: [u32; 256], merges: PairTable, whole: Whole) -> MergeBpe {
@@ -330,19 +345,21 @@ impl MergeBpe {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tokenize::hf_json::{Merge, Text};
 
     fn toy(merges: &[(&str, &str)]) -> MergeBpe {
         let alphabet = byte_level_alphabet();
+        let text = |s: String| Text(s.into());
         let mut vocab = FxHashMap::default();
         for c in alphabet {
             let id = vocab.len() as u32;
-            vocab.insert(c.to_string(), id);
+            vocab.insert(text(c.to_string()), id);
         }
         for (a, b) in merges {
             let id = vocab.len() as u32;
-            vocab.entry(format!("{a}{b}")).or_insert(id);
+            vocab.entry(text(format!("{a}{b}"))).or_insert(id);
         }
-        let merges = merges.iter().map(|(a, b)| crate::tokenize::hf_json::Merge(a.to_string(), b.to_string())).collect();
+        let merges = merges.iter().map(|(a, b)| Merge(text(a.to_string()), text(b.to_string()))).collect();
         MergeBpe::from_model(&BpeModel { vocab, merges }, false).unwrap()
     }
 
