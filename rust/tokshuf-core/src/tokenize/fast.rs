@@ -16,11 +16,13 @@
 //!   tables read one line per lookup (`token_table.rs`, `pair_table.rs`); a merge requests
 //!   the lines of the lookups its first rounds will make before making them.
 //! - Little fixed cost per build, which matters below a few GB: the class table is read
-//!   from regex-syntax rather than scanned (on another thread while the model loads),
-//!   tiktoken ranks are parsed into one buffer and the reference merge is only built if
-//!   used, a tokenizer.json is read in one pass into typed structs (`hf_json.rs`) and the
-//!   `tokenizers` crate loaded only if the reference is used, and nothing on the build
-//!   path imports NumPy (whose OpenBLAS threads spin at import).
+//!   from regex-syntax rather than scanned (on another thread while the model loads), and
+//!   the table of characters NFC never changes built only for an NFC normalizer (`nfc.rs`);
+//!   tiktoken ranks are inflated in one call, parsed as bytes into one buffer, their hash
+//!   recorded rather than computed, and the reference merge only built if used; a
+//!   tokenizer.json is read in one pass into typed structs, its strings borrowed from the
+//!   file (`hf_json.rs`), and the `tokenizers` crate loaded only if the reference is used;
+//!   nothing on the build path imports NumPy (whose OpenBLAS threads spin at import).
 //! - Merging (on memo misses only) on integer pairs (`hfbpe.rs`), tiktoken's ranks turned
 //!   into a merge list; a piece that is a token of its own is found in one lookup (for
 //!   tokenizer.json files without `ignore_merges`, the short tokens whose own merge ends in
