@@ -8,7 +8,6 @@ use sha2::{Digest, Sha256};
 
 use super::fast::FastEncoder;
 use super::hf_json::crate_added_tokens;
-use super::nfc::NfcSafe;
 use super::pretok::CharClasses;
 use super::{choose, Backend, Encoder, Tokenizer, FAST_BACKEND};
 use crate::error::{Error, Result};
@@ -86,16 +85,11 @@ pub(super) fn load_tokenizer_json(spec: &str, path: &Path, allow_special: bool, 
     let bytes: Arc<[u8]> = std::fs::read(path).map_err(|e| Error::io(path, e))?.into();
     let fast = backend != Backend::Reference;
     let hash = || crate::format::hex(&Sha256::digest(&bytes));
-    // Beside the model: the hash, and the fast backend's class table and, if the file names an
-    // NFC normalizer (a guess from its bytes: the encoder asks for the table anyway), the
-    // characters NFC never changes.
+    // Beside the model: the hash, and the fast backend's class table.
     let (sha256, parts) = std::thread::scope(|sc| {
         let helper = sc.spawn(|| {
             if fast {
                 let _ = CharClasses::shared();
-                if memchr::memmem::find(&bytes, br#""NFC""#).is_some() {
-                    NfcSafe::shared();
-                }
             }
             hash()
         });
