@@ -6,6 +6,7 @@
 //! to a line, with linear probing at a load of at most 1/2: a lookup usually reads one
 //! line, and `prefetch` lets the two lookups that follow a merge wait on memory together.
 
+use crate::tokenize::big_table::BigTable;
 use crate::tokenize::prefetch::prefetch;
 
 const EMPTY: u64 = u64::MAX;
@@ -19,7 +20,7 @@ struct Entry {
 }
 
 pub struct PairTable {
-    entries: Box<[Entry]>,
+    entries: BigTable<Entry>,
     shift: u32,
 }
 
@@ -32,7 +33,7 @@ impl PairTable {
     /// An empty table with room for `n` pairs.
     pub fn with_capacity(n: usize) -> PairTable {
         let bits = (n.max(1) * 2).next_power_of_two().trailing_zeros().max(4);
-        PairTable { entries: vec![Entry { key: EMPTY, rank: 0, id: 0 }; 1 << bits].into_boxed_slice(), shift: 64 - bits }
+        PairTable { entries: BigTable::new(1 << bits, Entry { key: EMPTY, rank: 0, id: 0 }), shift: 64 - bits }
     }
 
     /// Set the pair `(a, b)` to merge with `rank` into `id` (a pair set again takes the

@@ -12,13 +12,14 @@
 //! A set is one aligned cache line, so a lookup costs one line from memory, and `Lookahead`
 //! requests that line when the scanner finds the piece and reads it 16 pieces later, with
 //! several lines in flight (requesting only the next piece's set was too late to help and
-//! cost 12 % more CPU time). Tried and dropped, as no faster on the 100 MB subset: a
-//! 128 KiB table of the most recent pieces in front of this one, transparent huge pages for
-//! the table (madvise; no difference within the noise), and looking every short piece up
-//! in the shared table of whole tokens before the memo (more lines read per piece).
+//! cost 12 % more CPU time). The table sits on huge pages where the kernel allows
+//! (`big_table.rs`). Tried and dropped, as no faster on the 100 MB subset: a 128 KiB table
+//! of the most recent pieces in front of this one, and looking every short piece up in the
+//! shared table of whole tokens before the memo (more lines read per piece).
 
 use rustc_hash::FxHashMap;
 
+use crate::tokenize::big_table::BigTable;
 use crate::tokenize::prefetch::prefetch;
 use crate::tokenize::token_table::{pack, TokenTable, MAX_LEN};
 
@@ -155,7 +156,7 @@ impl<'a, F: Fn(&[u8], &mut Vec<u32>)> Lookahead<'a, F> {
 }
 
 pub struct PieceCache {
-    sets: Vec<Set>,
+    sets: BigTable<Set>,
     mask: usize,
     long: FxHashMap<Box<[u8]>, Box<[u32]>>,
     long_bytes: usize,
@@ -209,7 +210,12 @@ fn hash(key: &[u64; 2]) -> u64 {
 impl PieceCache {
     /// A cache of `1 << bits` slots (32 bytes each), in sets of two.
     pub fn new(bits: u32) -> Self {
-        PieceCache { sets: vec![Set([EMPTY; 2]); 1 << (bits - 1)], mask: (1 << (bits - 1)) - 1, long: FxHashMap::default(), long_bytes: 0 }
+        PieceCache {
+            sets: BigTable::new(1 << (bits - 1), Set([EMPTY; 2])),
+            mask: (1 << (bits - 1)) - 1,
+            long: FxHashMap::default(),
+            long_bytes: 0,
+        }
     }
 
     /// Append the ids of the piece `text[start..end]` to `out`: from the cache, or computed

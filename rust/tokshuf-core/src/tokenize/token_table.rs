@@ -8,6 +8,7 @@
 //! entries), and `prefetch` lets many lookups wait on memory together, which is what makes
 //! loading o200k's 2.9 M split lookups quick.
 
+use crate::tokenize::big_table::BigTable;
 use crate::tokenize::prefetch::prefetch;
 
 /// The longest token the table holds.
@@ -40,7 +41,7 @@ struct Entry {
 }
 
 pub struct TokenTable {
-    entries: Box<[Entry]>,
+    entries: BigTable<Entry>,
     shift: u32,
 }
 
@@ -56,7 +57,7 @@ impl TokenTable {
     pub fn build<'a>(n: usize, tokens: impl Iterator<Item = (&'a [u8], u32)>) -> TokenTable {
         const AHEAD: usize = 16;
         let bits = (n.max(1) * 2).next_power_of_two().trailing_zeros().max(4);
-        let mut t = TokenTable { entries: vec![Entry { key: 0, id: 0 }; 1 << bits].into_boxed_slice(), shift: 64 - bits };
+        let mut t = TokenTable { entries: BigTable::new(1 << bits, Entry { key: 0, id: 0 }), shift: 64 - bits };
         let mut waiting = [(0u128, 0u32, 0usize); AHEAD];
         let mut k = 0;
         for (bytes, id) in tokens {
