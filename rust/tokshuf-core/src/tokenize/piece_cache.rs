@@ -262,16 +262,19 @@ impl PieceCache {
         // Keys are zero-padded, so the length must match too ("a" vs "a\0").
         let hit = |s: &Slot| s.key == key && s.len as usize == len;
         let found = if hit(&set[0]) {
-            Some(set[0])
+            true
         } else if hit(&set[1]) {
             // Move to the front of its set.
             set.swap(0, 1);
-            Some(set[0])
+            true
         } else {
-            None
+            false
         };
-        if let Some(slot) = found {
-            // Copy all three (a fixed-size copy, no memcpy call), keep n.
+        if found {
+            // Copy all three (a fixed-size copy, no memcpy call), keep n. Read from the set
+            // itself: a copy of the slot on the stack was read back across two stores, which
+            // the CPU cannot forward (a stall on every memo hit).
+            let slot = &set[0];
             let keep = out.len() + slot.n as usize;
             out.extend_from_slice(&slot.ids);
             out.truncate(keep);
