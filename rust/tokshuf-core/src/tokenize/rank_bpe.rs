@@ -137,6 +137,10 @@ impl RankBpe {
             if rank == NONE {
                 break;
             }
+            // The ranks of the two pairs the merged symbol forms, looked up before the arrays
+            // shift: the shifting then runs while their lines come from memory.
+            let left = if i > 0 { self.span_rank(&buf, start[i - 1], start[i + 2]) } else { NONE };
+            let right = if i + 2 < n { self.span_rank(&buf, start[i], start[i + 3]) } else { NONE };
             ids[i] = rank;
             // Shift left by hand: short, and a memmove call would cost more.
             for k in i + 1..n - 1 {
@@ -146,18 +150,11 @@ impl RankBpe {
             }
             start[n - 1] = start[n];
             n -= 1;
-            // Both new pairs are looked up with their lines already requested.
             if i > 0 {
-                self.prefetch_span(&buf, start[i - 1], start[i + 1]);
+                ranks[i - 1] = left;
             }
             if i + 1 < n {
-                self.prefetch_span(&buf, start[i], start[i + 2]);
-            }
-            if i > 0 {
-                ranks[i - 1] = self.span_rank(&buf, start[i - 1], start[i + 1]);
-            }
-            if i + 1 < n {
-                ranks[i] = self.span_rank(&buf, start[i], start[i + 2]);
+                ranks[i] = right;
             }
         }
         out.extend_from_slice(&ids[..n]);
