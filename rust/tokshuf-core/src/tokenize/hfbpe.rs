@@ -258,25 +258,23 @@ impl MergeBpe {
                 break;
             }
             let i = best.1;
-            syms[i] = pairs[i].1;
+            let merged = pairs[i].1;
+            // The pairs the merged symbol forms, looked up before the arrays shift: the
+            // shifting then runs while their lines come from memory.
+            let left = if i > 0 { self.pair(syms[i - 1], merged).unwrap_or(NONE) } else { NONE };
+            let right = if i + 2 < n { self.pair(merged, syms[i + 2]).unwrap_or(NONE) } else { NONE };
+            syms[i] = merged;
             // Shift left by hand: short, and a memmove call would cost more.
             for k in i + 1..n - 1 {
                 syms[k] = syms[k + 1];
                 pairs[k - 1] = pairs[k];
             }
             n -= 1;
-            // Both new pairs are looked up with their lines already requested.
             if i > 0 {
-                self.merges.prefetch(syms[i - 1], syms[i]);
+                pairs[i - 1] = left;
             }
             if i + 1 < n {
-                self.merges.prefetch(syms[i], syms[i + 1]);
-            }
-            if i > 0 {
-                pairs[i - 1] = self.pair(syms[i - 1], syms[i]).unwrap_or(NONE);
-            }
-            if i + 1 < n {
-                pairs[i] = self.pair(syms[i], syms[i + 1]).unwrap_or(NONE);
+                pairs[i] = right;
             }
         }
         out.extend_from_slice(&syms[..n]);
