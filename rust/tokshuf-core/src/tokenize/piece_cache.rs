@@ -7,7 +7,7 @@
 //! inline in 32-byte slots (the key read straight from the text as two words), two slots
 //! per 64-byte set, the more recent first (a direct-mapped table missed 7 % of pieces on
 //! text it had just seen, from collisions). Other pieces (longer, or with more ids) go to
-//! a hash map bounded in bytes, emptied when full.
+//! a hash map bounded in bytes, emptied when full; a short one also gets a slot saying so.
 //!
 //! A set is one aligned cache line, so a lookup costs one line from memory, and `Lookahead`
 //! requests that line when the scanner finds the piece and reads it 16 pieces later, with
@@ -25,6 +25,9 @@ use crate::tokenize::token_table::{pack, TokenTable, MAX_LEN};
 
 const KEY_BYTES: usize = 16;
 const SLOT_IDS: usize = 3;
+/// A slot's `n` for a short piece with more ids than a slot holds: they are in the map of
+/// long pieces, so a piece the sets do not hold is never looked for in the map.
+const IN_LONG: u8 = u8::MAX;
 /// Pieces up to this long go to the map; longer ones are never cached.
 const LONG_MAX: usize = 1024;
 const LONG_BUDGET: usize = 4 << 20;
@@ -271,32 +274,41 @@ impl PieceCache {
             false
         };
         if found {
-            // Copy all three (a fixed-size copy, no memcpy call), keep n. Read from the set
-            // itself: a copy of the slot on the stack was read back across two stores, which
-            // the CPU cannot forward (a stall on every memo hit).
             let slot = &set[0];
-            let keep = out.len() + slot.n as usize;
-            out.extend_from_slice(&slot.ids);
-            out.truncate(keep);
-            return;
+            if slot.n != IN_LONG {
+                // Copy all three (a fixed-size copy, no memcpy call), keep n. Read from the
+                // set itself: a copy of the slot on the stack was read back across two
+                // stores, which the CPU cannot forward (a stall on every memo hit).
+                let keep = out.len() + slot.n as usize;
+                out.extend_from_slice(&slot.ids);
+                out.truncate(keep);
+                return;
+            }
+            if let Some(ids) = self.long.get(&text[start..end]) {
+                out.extend_from_slice(ids);
+                return;
+            }
+            // The map was emptied since: merge again, and keep the slot.
         }
         let begin = out.len();
         let piece = &text[start..end];
-        if let Some(ids) = self.long.get(piece) {
-            out.extend_from_slice(ids);
-            return;
-        }
         encode(piece, out);
         let n = out.len() - begin;
-        if n <= SLOT_IDS {
+        if n > SLOT_IDS {
+            self.remember_long(piece, &out[begin..]);
+        }
+        if !found {
             let mut ids = [0; SLOT_IDS];
-            ids[..n].copy_from_slice(&out[begin..]);
+            let n = if n <= SLOT_IDS {
+                ids[..n].copy_from_slice(&out[begin..]);
+                n as u8
+            } else {
+                IN_LONG
+            };
             // The older of the two goes.
             let set = &mut self.sets[si].0;
             set[1] = set[0];
-            set[0] = Slot { key, len: len as u8, n: n as u8, ids };
-        } else {
-            self.remember_long(piece, &out[begin..]);
+            set[0] = Slot { key, len: len as u8, n, ids };
         }
     }
 
@@ -353,6 +365,29 @@ mod tests {
         let mut b = vec![];
         c.encode(t, 0, 2, &mut b, enc);
         assert_eq!(b, vec![97 * 3, 0]);
+    }
+
+    /// Short pieces with more ids than a slot holds keep their slot when the map of long
+    /// pieces is emptied, and are merged again.
+    #[test]
+    fn short_pieces_with_many_ids_survive_the_long_map_being_emptied() {
+        let enc = |p: &[u8], out: &mut Vec<u32>| out.extend(p.iter().map(|&b| b as u32 + 1));
+        let mut c = PieceCache::new(18);
+        let pieces: Vec<[u8; 16]> = (0..40_000u64).map(|i| (crate::hash::mix64(i) as u128 | 1).to_le_bytes()).collect();
+        let text: Vec<u8> = pieces.concat();
+        let (mut emptied, mut bytes) = (false, 0);
+        for round in 0..2 {
+            for (k, p) in pieces.iter().enumerate() {
+                let mut got = vec![];
+                c.encode(&text, 16 * k, 16 * k + 16, &mut got, enc);
+                let mut want = vec![];
+                enc(p, &mut want);
+                assert_eq!(got, want, "round {round} piece {k}");
+                emptied |= c.long_bytes < bytes;
+                bytes = c.long_bytes;
+            }
+        }
+        assert!(emptied, "the map of long pieces was never emptied");
     }
 
     /// Ids through a `Lookahead` equal each piece's own encoding, in piece order, with and
