@@ -664,7 +664,8 @@ mod tests {
     #[test]
     fn ascii_runs_end_where_a_byte_loop_says() {
         let mut seed = 1u64;
-        let ranges: [(AsciiRange, fn(&u8) -> bool); 3] =
+        type IsIn = fn(&u8) -> bool;
+        let ranges: [(AsciiRange, IsIn); 3] =
             [(LETTERS, u8::is_ascii_alphabetic), (UPPER, u8::is_ascii_uppercase), (LOWER, u8::is_ascii_lowercase)];
         for (stop, alphabet) in (0..=255u8).flat_map(|s| [b"aZqMxAzY", b"QWERTYUI", b"qwertyui"].map(|a| (s, a))) {
             for len in 0..40 {
