@@ -81,6 +81,7 @@ impl<'a> Scanner<'a> {
         let b = self.b;
         while i < b.len() {
             if mask == L {
+                // ASCII letters 16 at a time; the loop below takes any other letter.
                 i = LETTERS.run_end(b, i);
                 if i == b.len() {
                     break;
@@ -658,6 +659,19 @@ impl AsciiRange {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The ASCII members of the classes the 16-byte scans stand for (the table itself is
+    /// checked against both regex engines in `pretok`'s tests).
+    #[test]
+    fn ascii_letters_are_the_ranges_scanned() {
+        let t = CharClasses::shared().unwrap();
+        for c in 0..128u8 {
+            let cls = t.ascii[c as usize];
+            assert_eq!(cls & L != 0, LETTERS.has(c), "{c}");
+            assert_eq!(cls & UP != 0, UPPER.has(c), "{c}");
+            assert_eq!(cls & LO != 0, LOWER.has(c), "{c}");
+        }
+    }
 
     /// Every byte value before, inside and after runs of every length, at every distance from
     /// the end of the text.
