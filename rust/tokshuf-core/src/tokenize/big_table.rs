@@ -16,7 +16,6 @@ const HUGE: usize = 2 << 20;
 pub struct BigTable<T: Copy> {
     ptr: NonNull<T>,
     len: usize,
-    layout: Layout,
 }
 
 // SAFETY: it owns its elements like a `Box<[T]>`.
@@ -27,20 +26,25 @@ impl<T: Copy> BigTable<T> {
     /// `len` (at least 1) copies of `fill`.
     pub fn new(len: usize, fill: T) -> Self {
         assert!(len > 0 && std::mem::size_of::<T>() > 0);
-        let bytes = len.checked_mul(std::mem::size_of::<T>()).expect("table size");
-        let align = if bytes >= HUGE { HUGE } else { std::mem::align_of::<T>() };
-        let layout = Layout::from_size_align(bytes, align.max(std::mem::align_of::<T>())).expect("table layout");
+        let layout = Self::layout(len);
         // SAFETY: the layout has a non-zero size.
         let raw = unsafe { alloc(layout) } as *mut T;
         let Some(ptr) = NonNull::new(raw) else { handle_alloc_error(layout) };
-        if bytes >= HUGE {
-            advise_huge(raw as *mut u8, bytes);
+        if layout.align() == HUGE {
+            advise_huge(raw as *mut u8, layout.size());
         }
         for i in 0..len {
             // SAFETY: `i < len` elements were allocated; each is written once before any read.
             unsafe { raw.add(i).write(fill) };
         }
-        BigTable { ptr, len, layout }
+        BigTable { ptr, len }
+    }
+
+    /// Tables of at least one huge page start on a huge page boundary.
+    fn layout(len: usize) -> Layout {
+        let bytes = len.checked_mul(std::mem::size_of::<T>()).expect("table size");
+        let align = if bytes >= HUGE { HUGE } else { std::mem::align_of::<T>() };
+        Layout::from_size_align(bytes, align).expect("table layout")
     }
 }
 
@@ -71,7 +75,7 @@ impl<T: Copy> DerefMut for BigTable<T> {
 impl<T: Copy> Drop for BigTable<T> {
     fn drop(&mut self) {
         // SAFETY: allocated in `new` with this layout; `T: Copy` has no drop of its own.
-        unsafe { dealloc(self.ptr.as_ptr() as *mut u8, self.layout) };
+        unsafe { dealloc(self.ptr.as_ptr() as *mut u8, Self::layout(self.len)) };
     }
 }
 
