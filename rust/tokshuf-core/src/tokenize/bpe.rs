@@ -22,7 +22,7 @@ pub struct TokenList {
 
 impl TokenList {
     /// (bytes, rank) of every token, in file order.
-    pub fn iter(&self) -> impl ExactSizeIterator<Item = (&[u8], u32)> + '_ {
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = (&[u8], u32)> + Clone + '_ {
         self.spans.iter().map(|&(a, b, r)| (&self.bytes[a as usize..b as usize], r))
     }
 

@@ -31,7 +31,7 @@ impl RankBpe {
     /// The merge of a tiktoken encoding's ranks; `Err` names a single byte it lacks. A later
     /// line for the same bytes wins, as in tiktoken's dict.
     pub fn new(list: &TokenList) -> Result<RankBpe, String> {
-        let short = TokenTable::build(list.len(), list.iter().filter(|(b, _)| (1..=MAX_LEN).contains(&b.len())));
+        let short = TokenTable::build(list.iter().filter(|(b, _)| (1..=MAX_LEN).contains(&b.len())));
         let long = list.iter().filter(|(b, _)| b.len() > MAX_LEN).map(|(b, rank)| (b.into(), rank)).collect();
         let mut byte_ids = [NONE; 256];
         let mut byte_pairs = vec![NONE; 1 << 16].into_boxed_slice();

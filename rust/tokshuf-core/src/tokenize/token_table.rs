@@ -1,12 +1,12 @@
 //! Tokens of up to 15 bytes by their bytes: the table behind "a piece that is itself a
 //! token is that token" (tiktoken, and tokenizer.json files with `ignore_merges`), and
-//! behind finding tiktoken's merge pairs when an encoding loads.
+//! behind the rank of each pair a tiktoken merge forms.
 //!
-//! A key is the token's bytes and length packed in one integer, an entry 32 bytes holding
-//! key and id, two to a cache line, probed linearly at a load of at most 1/2: a lookup
-//! usually reads one line (a hashbrown map reads a line of control bytes, then one of
-//! entries), and `prefetch` lets many lookups wait on memory together, which is what makes
-//! loading o200k's 2.9 M split lookups quick.
+//! A key is the token's bytes and length packed in one integer; an entry holds key and id,
+//! probed linearly at a load of at most 1/2, so a lookup usually reads one cache line (a
+//! hashbrown map reads a line of control bytes, then one of entries), and `prefetch` lets
+//! many lookups wait on memory together. Tokens of up to 7 bytes have entries of 16 bytes
+//! in a table of their own, longer ones 32.
 
 use crate::tokenize::big_table::BigTable;
 use crate::tokenize::prefetch::prefetch;
@@ -33,43 +33,98 @@ pub fn pack_at(buf: &[u8], start: usize, len: usize) -> u128 {
     (word & ((1u128 << (8 * len)) - 1)) | ((len as u128) << 120)
 }
 
+/// Tokens of up to this many bytes (most of every vocabulary, and most lookups a merge
+/// makes) live in a table of 16-byte entries, a quarter the size of the full table's: the
+/// rank lookups after each merge wait on memory, and the smaller table is far more often
+/// still in the caches.
+const NARROW_LEN: usize = 7;
+
+/// One open-addressing table: keys never 0 (0 marks an empty slot), probed linearly at a
+/// load of at most 1/2, each entry's line requested `AHEAD` inserts before it is written
+/// (inserts stay in order, so a later duplicate still wins).
+struct Open<E: Slot> {
+    entries: BigTable<E>,
+    shift: u32,
+}
+
+trait Slot: Copy {
+    type Key: Copy + Eq;
+    const EMPTY: Self;
+    fn new(key: Self::Key, id: u32) -> Self;
+    fn key(&self) -> Self::Key;
+    fn id(&self) -> u32;
+    fn hash(key: Self::Key) -> u64;
+}
+
+#[derive(Clone, Copy)]
+#[repr(C, align(16))]
+struct Narrow {
+    key: u64,
+    id: u32,
+}
+
 #[derive(Clone, Copy)]
 #[repr(C, align(32))]
-struct Entry {
+struct Wide {
     key: u128,
     id: u32,
 }
 
-pub struct TokenTable {
-    entries: BigTable<Entry>,
-    shift: u32,
+impl Slot for Narrow {
+    type Key = u64;
+    const EMPTY: Self = Narrow { key: 0, id: 0 };
+    fn new(key: u64, id: u32) -> Self {
+        Narrow { key, id }
+    }
+    #[inline(always)]
+    fn key(&self) -> u64 {
+        self.key
+    }
+    #[inline(always)]
+    fn id(&self) -> u32 {
+        self.id
+    }
+    #[inline(always)]
+    fn hash(key: u64) -> u64 {
+        (key ^ key >> 29).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    }
 }
 
-impl TokenTable {
-    /// From (bytes, id) of tokens of 1 to `MAX_LEN` bytes; a later duplicate wins.
-    pub fn new(tokens: &[(&[u8], u32)]) -> TokenTable {
-        TokenTable::build(tokens.len(), tokens.iter().copied())
+impl Slot for Wide {
+    type Key = u128;
+    const EMPTY: Self = Wide { key: 0, id: 0 };
+    fn new(key: u128, id: u32) -> Self {
+        Wide { key, id }
     }
+    #[inline(always)]
+    fn key(&self) -> u128 {
+        self.key
+    }
+    #[inline(always)]
+    fn id(&self) -> u32 {
+        self.id
+    }
+    #[inline(always)]
+    fn hash(key: u128) -> u64 {
+        ((key as u64) ^ ((key >> 64) as u64).rotate_left(29)).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    }
+}
 
-    /// From at most `n` tokens of 1 to `MAX_LEN` bytes, (bytes, id); a later duplicate wins.
-    /// Inserts land on random lines of a table far larger than the caches, so each token's
-    /// line is requested `AHEAD` tokens before it is written (inserts stay in order).
-    pub fn build<'a>(n: usize, tokens: impl Iterator<Item = (&'a [u8], u32)>) -> TokenTable {
+impl<E: Slot> Open<E> {
+    fn build(n: usize, keys: impl Iterator<Item = (E::Key, u32)>) -> Open<E> {
         const AHEAD: usize = 16;
         let bits = (n.max(1) * 2).next_power_of_two().trailing_zeros().max(4);
-        let mut t = TokenTable { entries: BigTable::new(1 << bits, Entry { key: 0, id: 0 }), shift: 64 - bits };
-        let mut waiting = [(0u128, 0u32, 0usize); AHEAD];
+        let mut t = Open { entries: BigTable::new(1 << bits, E::EMPTY), shift: 64 - bits };
+        let mut waiting = [(E::EMPTY, 0usize); AHEAD];
         let mut k = 0;
-        for (bytes, id) in tokens {
-            debug_assert!((1..=MAX_LEN).contains(&bytes.len()));
-            let key = pack(bytes);
+        for (key, id) in keys {
             let home = t.home(key);
             prefetch(&t.entries[home]);
             let slot = &mut waiting[k % AHEAD];
             if k >= AHEAD {
                 t.insert(*slot);
             }
-            *slot = (key, id, home);
+            *slot = (E::new(key, id), home);
             k += 1;
         }
         for j in k.saturating_sub(AHEAD)..k {
@@ -79,41 +134,91 @@ impl TokenTable {
     }
 
     #[inline(always)]
-    fn insert(&mut self, (key, id, home): (u128, u32, usize)) {
+    fn insert(&mut self, (entry, home): (E, usize)) {
         let mask = self.entries.len() - 1;
         let mut i = home;
-        while self.entries[i].key != 0 && self.entries[i].key != key {
+        while self.entries[i].key() != E::EMPTY.key() && self.entries[i].key() != entry.key() {
             i = (i + 1) & mask;
         }
-        self.entries[i] = Entry { key, id };
+        self.entries[i] = entry;
     }
 
     #[inline(always)]
-    fn home(&self, key: u128) -> usize {
-        let x = (key as u64) ^ ((key >> 64) as u64).rotate_left(29);
-        (x.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> self.shift) as usize
+    fn home(&self, key: E::Key) -> usize {
+        (E::hash(key) >> self.shift) as usize
+    }
+
+    #[inline(always)]
+    fn prefetch(&self, key: E::Key) {
+        prefetch(&self.entries[self.home(key)]);
+    }
+
+    #[inline(always)]
+    fn get(&self, key: E::Key) -> Option<u32> {
+        let mask = self.entries.len() - 1;
+        let mut i = self.home(key);
+        loop {
+            let e = &self.entries[i];
+            if e.key() == key {
+                return Some(e.id());
+            }
+            if e.key() == E::EMPTY.key() {
+                return None;
+            }
+            i = (i + 1) & mask;
+        }
+    }
+}
+
+pub struct TokenTable {
+    narrow: Open<Narrow>,
+    wide: Open<Wide>,
+}
+
+/// The key of a narrow table for a packed key of at most `NARROW_LEN` bytes: the bytes,
+/// with the length in the top byte.
+#[inline(always)]
+fn narrow_key(key: u128) -> Option<u64> {
+    let len = (key >> 120) as u64;
+    (len as usize <= NARROW_LEN).then_some(key as u64 | len << 56)
+}
+
+impl TokenTable {
+    /// From (bytes, id) of tokens of 1 to `MAX_LEN` bytes; a later duplicate wins.
+    pub fn new(tokens: &[(&[u8], u32)]) -> TokenTable {
+        TokenTable::build(tokens.iter().copied())
+    }
+
+    /// From tokens of 1 to `MAX_LEN` bytes, (bytes, id); a later duplicate wins. Inserts
+    /// land on random lines of tables far larger than the caches, so their lines are
+    /// requested ahead of the writes.
+    pub fn build<'a>(tokens: impl Iterator<Item = (&'a [u8], u32)> + Clone) -> TokenTable {
+        let narrow_n = tokens.clone().filter(|(b, _)| b.len() <= NARROW_LEN).count();
+        let wide_n = tokens.clone().count() - narrow_n;
+        let packed = tokens.map(|(bytes, id)| {
+            debug_assert!((1..=MAX_LEN).contains(&bytes.len()));
+            (pack(bytes), id)
+        });
+        let narrow = Open::build(narrow_n, packed.clone().filter_map(|(key, id)| Some((narrow_key(key)?, id))));
+        let wide = Open::build(wide_n, packed.filter(|&(key, _)| narrow_key(key).is_none()));
+        TokenTable { narrow, wide }
     }
 
     /// Ask for the line where `key` would be.
     #[inline(always)]
     pub fn prefetch(&self, key: u128) {
-        prefetch(&self.entries[self.home(key)]);
+        match narrow_key(key) {
+            Some(k) => self.narrow.prefetch(k),
+            None => self.wide.prefetch(key),
+        }
     }
 
     /// The id of the token whose packed bytes are `key`.
     #[inline(always)]
     pub fn get(&self, key: u128) -> Option<u32> {
-        let mask = self.entries.len() - 1;
-        let mut i = self.home(key);
-        loop {
-            let e = &self.entries[i];
-            if e.key == key {
-                return Some(e.id);
-            }
-            if e.key == 0 {
-                return None;
-            }
-            i = (i + 1) & mask;
+        match narrow_key(key) {
+            Some(k) => self.narrow.get(k),
+            None => self.wide.get(key),
         }
     }
 }
@@ -134,6 +239,25 @@ mod tests {
         assert_eq!(t.get(pack(b"a\0")), Some(5));
         assert_eq!(t.get(pack(b"a")), None);
         assert_eq!(t.get(pack(b"w100004")), None);
+    }
+
+    /// Both tables, either side of their boundary: every token found with its id, and no
+    /// piece that differs from a token by a byte or its length.
+    #[test]
+    fn finds_tokens_of_every_length() {
+        let words: Vec<Vec<u8>> = (0..6000u64)
+            .map(|i| (0..1 + i as usize % MAX_LEN).map(|k| (crate::hash::mix64(i * 31 + k as u64) % 3) as u8).collect())
+            .collect();
+        let t = TokenTable::new(&words.iter().enumerate().map(|(i, w)| (&w[..], i as u32)).collect::<Vec<_>>());
+        let last: std::collections::HashMap<&[u8], u32> = words.iter().enumerate().map(|(i, w)| (&w[..], i as u32)).collect();
+        for w in &words {
+            assert_eq!(t.get(pack(w)), Some(last[&w[..]]));
+            for len in [NARROW_LEN, NARROW_LEN + 1, w.len() + 1] {
+                let mut other = w.clone();
+                other.resize(len.min(MAX_LEN), 7);
+                assert_eq!(t.get(pack(&other)), last.get(&other[..]).copied(), "{other:?}");
+            }
+        }
     }
 
     #[test]
