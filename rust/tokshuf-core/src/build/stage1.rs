@@ -138,7 +138,10 @@ pub fn run(
     if files.is_empty() {
         return Ok(());
     }
-    let in_flight = (pool.current_num_threads() * 3).max(4);
+    // Enough batches that the workers run on while this thread waits on a finished file's
+    // fsync (10-20 ms here): with three a thread, builds of the 100 MB subset (three files)
+    // and of one 10 MB file took about 3% longer.
+    let in_flight = (pool.current_num_threads() * 8).max(8);
     let (slot_tx, slot_rx) = bounded::<()>(in_flight); // bounds batches in flight
     let (done_tx, done_rx) = unbounded::<(u64, Done)>();
     let stop = Arc::new(AtomicBool::new(false));
