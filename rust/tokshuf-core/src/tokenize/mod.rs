@@ -19,6 +19,7 @@ mod encoder;
 pub mod fast;
 mod hf_json;
 pub mod hfbpe;
+mod long_memo;
 pub mod nfc;
 mod pair_table;
 pub mod piece_cache;

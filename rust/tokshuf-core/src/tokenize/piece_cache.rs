@@ -17,9 +17,8 @@
 //! of the most recent pieces in front of this one, and looking every short piece up in the
 //! shared table of whole tokens before the memo (more lines read per piece).
 
-use rustc_hash::FxHashMap;
-
 use crate::tokenize::big_table::BigTable;
+use crate::tokenize::long_memo::LongMemo;
 use crate::tokenize::prefetch::prefetch;
 use crate::tokenize::token_table::{pack, TokenTable, MAX_LEN};
 
@@ -161,8 +160,7 @@ impl<'a, F: Fn(&[u8], &mut Vec<u32>)> Lookahead<'a, F> {
 pub struct PieceCache {
     sets: BigTable<Set>,
     mask: usize,
-    long: FxHashMap<Box<[u8]>, Box<[u32]>>,
-    long_bytes: usize,
+    long: LongMemo,
 }
 
 #[inline(always)]
@@ -213,12 +211,7 @@ fn hash(key: &[u64; 2]) -> u64 {
 impl PieceCache {
     /// A cache of `1 << bits` slots (32 bytes each), in sets of two.
     pub fn new(bits: u32) -> Self {
-        PieceCache {
-            sets: BigTable::new(1 << (bits - 1), Set([EMPTY; 2])),
-            mask: (1 << (bits - 1)) - 1,
-            long: FxHashMap::default(),
-            long_bytes: 0,
-        }
+        PieceCache { sets: BigTable::new(1 << (bits - 1), Set([EMPTY; 2])), mask: (1 << (bits - 1)) - 1, long: LongMemo::new(LONG_BUDGET) }
     }
 
     /// Append the ids of the piece `text[start..end]` to `out`: from the cache, or computed
@@ -324,16 +317,9 @@ impl PieceCache {
     }
 
     fn remember_long(&mut self, piece: &[u8], ids: &[u32]) {
-        if piece.len() > LONG_MAX {
-            return;
+        if piece.len() <= LONG_MAX {
+            self.long.insert(piece, ids);
         }
-        let cost = piece.len() + 4 * ids.len() + 64;
-        if self.long_bytes + cost > LONG_BUDGET {
-            self.long.clear();
-            self.long_bytes = 0;
-        }
-        self.long.insert(piece.into(), ids.into());
-        self.long_bytes += cost;
     }
 }
 
@@ -373,7 +359,7 @@ mod tests {
     fn short_pieces_with_many_ids_survive_the_long_map_being_emptied() {
         let enc = |p: &[u8], out: &mut Vec<u32>| out.extend(p.iter().map(|&b| b as u32 + 1));
         let mut c = PieceCache::new(18);
-        let pieces: Vec<[u8; 16]> = (0..40_000u64).map(|i| (crate::hash::mix64(i) as u128 | 1).to_le_bytes()).collect();
+        let pieces: Vec<[u8; 16]> = (0..60_000u64).map(|i| (crate::hash::mix64(i) as u128 | 1).to_le_bytes()).collect();
         let text: Vec<u8> = pieces.concat();
         let (mut emptied, mut bytes) = (false, 0);
         for round in 0..2 {
@@ -383,8 +369,8 @@ mod tests {
                 let mut want = vec![];
                 enc(p, &mut want);
                 assert_eq!(got, want, "round {round} piece {k}");
-                emptied |= c.long_bytes < bytes;
-                bytes = c.long_bytes;
+                emptied |= c.long.bytes() < bytes;
+                bytes = c.long.bytes();
             }
         }
         assert!(emptied, "the map of long pieces was never emptied");
