@@ -349,7 +349,9 @@ fn name(cfg: &Stage1Config, file: usize) -> &str {
 }
 
 fn tokenize_batch(cfg: &Stage1Config, path: &Path, first_line: u64, buf: &[u8], ends: &[usize]) -> Result<Tokenized> {
-    let mut t = Tokenized { ids: Vec::with_capacity(buf.len() / 3), ..Default::default() };
+    // Room for what the encoder reserves before each document (half its bytes): the ids of a
+    // batch then rarely move.
+    let mut t = Tokenized { ids: Vec::with_capacity(buf.len() / 2 + 32 * ends.len()), ..Default::default() };
     let mut start = 0;
     for (i, &end) in ends.iter().enumerate() {
         let raw = &buf[start..end];
