@@ -92,16 +92,7 @@ impl Run<'_> {
         self.job.recipe.inputs.len()
     }
     fn shard_spec(&self) -> ShardSpec {
-        ShardSpec {
-            out: self.job.out.clone(),
-            format: self.job.recipe.format,
-            dtype: self.job.recipe.dtype,
-            seqlen: self.job.recipe.seqlen as u64,
-            block_size: self.job.recipe.block_size,
-            zstd_level: self.job.recipe.zstd_level,
-            cancel: self.cancel.clone(),
-            times: self.shard_times.clone(),
-        }
+        ShardSpec::new(&self.job.recipe, self.job.out.clone(), self.cancel.clone(), self.shard_times.clone())
     }
     /// Cell ids stage 2 may hold at once: a quarter of the memory limit, at least two chunks.
     fn budget_ids(&self, chunk_size: u64) -> u64 {
