@@ -380,14 +380,16 @@ impl Cache {
 
     /// Read contexts `locs` ((chunk, index) pairs) into the rows of `out` (len = pairs *
     /// seqlen), writing every element. Rows are read grouped by chunk (one mapping lookup per
-    /// chunk, and each chunk's rows in order), whatever order `locs` gives them in; rows stored
-    /// as they are (`npy`, `blocks`) are copied last, all together, so that `gather` can
-    /// prefetch the rows to come while it copies one.
+    /// chunk), each chunk's rows in the order of `locs`: a shuffled epoch's rows are scattered
+    /// over the chunk anyway, and so the rows of `out` are written front to back (sorting them
+    /// by context as well cost more than it saved). Rows stored as they are (`npy`, `blocks`)
+    /// are copied last, all together, so that `gather` can prefetch the rows to come while it
+    /// copies one.
     pub fn read_many<T: Id>(&self, locs: &[(u64, u64)], out: &mut [MaybeUninit<T>]) -> Result<()> {
         let seqlen = self.seqlen();
         debug_assert_eq!(out.len(), locs.len() * seqlen);
         let mut order: Vec<(u64, u64, u32)> = locs.iter().zip(0..).map(|(&(c, i), j)| (c, i, j)).collect();
-        order.sort_unstable();
+        order.sort_by_key(|&(c, _, _)| c);
         // Each chunk's mapping, and its rows' range of `order`.
         let mut groups: Vec<(Arc<Chunk>, std::ops::Range<usize>)> = Vec::new();
         let mut k = 0;

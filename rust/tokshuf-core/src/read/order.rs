@@ -398,20 +398,45 @@ impl Source for Order {
         Loc { component: 0, chunk: at.chunk, index: at.index(off) }
     }
     fn locate_many(&self, examples: &[u64], out: &mut Vec<Loc>) {
-        let mut memo: Vec<Option<(u64, AtPosition)>> = vec![None; POSITION_MEMO];
+        const NONE: u32 = u32::MAX;
+        // Each position's chunk and permutation (an index into `perms`, or NONE).
+        let mut memo: Vec<Option<(u64, AtPosition, u32)>> = vec![None; POSITION_MEMO];
+        let mut perms = Vec::new();
+        // Permuted contexts are found for the whole batch at once (`Permutation::apply_many`):
+        // which permutation, the offset to permute, and the `out` entry it goes to.
+        let (mut which, mut xs, mut dest) = (Vec::new(), Vec::new(), Vec::new());
         out.reserve(examples.len());
         for &i in examples {
             let (p, off) = self.position(i);
             let slot = &mut memo[(p % POSITION_MEMO as u64) as usize];
-            let at = match *slot {
-                Some((q, at)) if q == p => at,
+            let (at, perm) = match *slot {
+                Some((q, at, perm)) if q == p => (at, perm),
                 _ => {
                     let at = self.at_position(p);
-                    *slot = Some((p, at));
-                    at
+                    let perm = match at.contexts {
+                        Contexts::Permuted(permutation) => {
+                            perms.push(permutation);
+                            perms.len() as u32 - 1
+                        }
+                        _ => NONE,
+                    };
+                    *slot = Some((p, at, perm));
+                    (at, perm)
                 }
             };
-            out.push(Loc { component: 0, chunk: at.chunk, index: at.index(off) });
+            let index = if perm == NONE {
+                at.index(off)
+            } else {
+                which.push(perm);
+                xs.push(off);
+                dest.push(out.len());
+                off
+            };
+            out.push(Loc { component: 0, chunk: at.chunk, index });
+        }
+        Permutation::apply_many(&perms, &which, &mut xs);
+        for (&d, &x) in dest.iter().zip(&xs) {
+            out[d].index = x;
         }
     }
     fn num_examples(&self) -> Option<u64> {
