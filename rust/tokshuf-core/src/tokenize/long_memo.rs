@@ -9,6 +9,10 @@ use std::hash::BuildHasher;
 use hashbrown::HashTable;
 use rustc_hash::FxBuildHasher;
 
+/// What an entry costs besides its key and ids: itself and its share of the map's buckets and
+/// control bytes (a map at most 7/8 full, its buckets a power of two).
+const ENTRY_COST: usize = 64;
+
 #[derive(Clone, Copy)]
 struct Entry {
     hash: u64,
@@ -33,7 +37,7 @@ impl LongMemo {
 
     /// Bytes held: keys, ids, and the map's entries.
     pub fn bytes(&self) -> usize {
-        self.keys.len() + 4 * self.ids.len() + std::mem::size_of::<Entry>() * self.table.len()
+        self.keys.len() + 4 * self.ids.len() + ENTRY_COST * self.table.len()
     }
 
     #[inline]
@@ -48,7 +52,7 @@ impl LongMemo {
 
     /// Remember the ids of `piece` (kept as they are if it is already there).
     pub fn insert(&mut self, piece: &[u8], ids: &[u32]) {
-        let cost = piece.len() + 4 * ids.len() + std::mem::size_of::<Entry>();
+        let cost = piece.len() + 4 * ids.len() + ENTRY_COST;
         if cost > self.budget {
             return;
         }
