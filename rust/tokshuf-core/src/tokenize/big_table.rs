@@ -40,10 +40,10 @@ impl<T: Copy> BigTable<T> {
         BigTable { ptr, len }
     }
 
-    /// Tables of at least one huge page start on a huge page boundary.
+    /// Tables of at least one huge page start on a huge page boundary, others on a cache line.
     fn layout(len: usize) -> Layout {
         let bytes = len.checked_mul(std::mem::size_of::<T>()).expect("table size");
-        let align = if bytes >= HUGE { HUGE } else { std::mem::align_of::<T>() };
+        let align = if bytes >= HUGE { HUGE } else { std::mem::align_of::<T>().max(64) };
         Layout::from_size_align(bytes, align).expect("table layout")
     }
 }

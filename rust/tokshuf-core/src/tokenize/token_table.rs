@@ -39,83 +39,51 @@ pub fn pack_at(buf: &[u8], start: usize, len: usize) -> u128 {
 /// still in the caches.
 const NARROW_LEN: usize = 7;
 
-/// One open-addressing table: keys never 0 (0 marks an empty slot), probed linearly at a
-/// load of at most 1/2, each entry's line requested `AHEAD` inserts before it is written
-/// (inserts stay in order, so a later duplicate still wins).
-struct Open<E: Slot> {
-    entries: BigTable<E>,
+/// One open-addressing table of keys (never 0: 0 marks an empty slot) and ids, probed
+/// linearly at a load of at most 1/2, each entry's line requested `AHEAD` inserts before it is
+/// written (inserts stay in order, so a later duplicate still wins).
+struct Open<K: Key> {
+    entries: BigTable<Entry<K>>,
     shift: u32,
 }
 
-trait Slot: Copy {
-    type Key: Copy + Eq;
+/// A key and its id: 16 bytes with a `u64` key, 32 with a `u128` one, so that no entry
+/// straddles two cache lines (the table starts on one).
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct Entry<K> {
+    key: K,
+    id: u32,
+}
+
+trait Key: Copy + Eq {
     const EMPTY: Self;
-    fn new(key: Self::Key, id: u32) -> Self;
-    fn key(&self) -> Self::Key;
-    fn id(&self) -> u32;
-    fn hash(key: Self::Key) -> u64;
+    fn hash(self) -> u64;
 }
 
-#[derive(Clone, Copy)]
-#[repr(C, align(16))]
-struct Narrow {
-    key: u64,
-    id: u32,
-}
-
-#[derive(Clone, Copy)]
-#[repr(C, align(32))]
-struct Wide {
-    key: u128,
-    id: u32,
-}
-
-impl Slot for Narrow {
-    type Key = u64;
-    const EMPTY: Self = Narrow { key: 0, id: 0 };
-    fn new(key: u64, id: u32) -> Self {
-        Narrow { key, id }
-    }
+impl Key for u64 {
+    const EMPTY: Self = 0;
     #[inline(always)]
-    fn key(&self) -> u64 {
-        self.key
-    }
-    #[inline(always)]
-    fn id(&self) -> u32 {
-        self.id
-    }
-    #[inline(always)]
-    fn hash(key: u64) -> u64 {
-        (key ^ key >> 29).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    fn hash(self) -> u64 {
+        (self ^ self >> 29).wrapping_mul(0x9E37_79B9_7F4A_7C15)
     }
 }
 
-impl Slot for Wide {
-    type Key = u128;
-    const EMPTY: Self = Wide { key: 0, id: 0 };
-    fn new(key: u128, id: u32) -> Self {
-        Wide { key, id }
-    }
+impl Key for u128 {
+    const EMPTY: Self = 0;
     #[inline(always)]
-    fn key(&self) -> u128 {
-        self.key
-    }
-    #[inline(always)]
-    fn id(&self) -> u32 {
-        self.id
-    }
-    #[inline(always)]
-    fn hash(key: u128) -> u64 {
-        ((key as u64) ^ ((key >> 64) as u64).rotate_left(29)).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    fn hash(self) -> u64 {
+        ((self as u64) ^ ((self >> 64) as u64).rotate_left(29)).wrapping_mul(0x9E37_79B9_7F4A_7C15)
     }
 }
 
-impl<E: Slot> Open<E> {
-    fn build(n: usize, keys: impl Iterator<Item = (E::Key, u32)>) -> Open<E> {
+impl<K: Key> Open<K> {
+    fn build(n: usize, keys: impl Iterator<Item = (K, u32)>) -> Open<K> {
         const AHEAD: usize = 16;
         let bits = (n.max(1) * 2).next_power_of_two().trailing_zeros().max(4);
-        let mut t = Open { entries: BigTable::new(1 << bits, E::EMPTY), shift: 64 - bits };
-        let mut waiting = [(E::EMPTY, 0usize); AHEAD];
+        let empty = Entry { key: K::EMPTY, id: 0 };
+        let mut t = Open { entries: BigTable::new(1 << bits, empty), shift: 64 - bits };
+        let mut waiting = [(empty, 0usize); AHEAD];
         let mut k = 0;
         for (key, id) in keys {
             let home = t.home(key);
@@ -124,7 +92,7 @@ impl<E: Slot> Open<E> {
             if k >= AHEAD {
                 t.insert(*slot);
             }
-            *slot = (E::new(key, id), home);
+            *slot = (Entry { key, id }, home);
             k += 1;
         }
         for j in k.saturating_sub(AHEAD)..k {
@@ -134,35 +102,35 @@ impl<E: Slot> Open<E> {
     }
 
     #[inline(always)]
-    fn insert(&mut self, (entry, home): (E, usize)) {
+    fn insert(&mut self, (entry, home): (Entry<K>, usize)) {
         let mask = self.entries.len() - 1;
         let mut i = home;
-        while self.entries[i].key() != E::EMPTY.key() && self.entries[i].key() != entry.key() {
+        while self.entries[i].key != K::EMPTY && self.entries[i].key != entry.key {
             i = (i + 1) & mask;
         }
         self.entries[i] = entry;
     }
 
     #[inline(always)]
-    fn home(&self, key: E::Key) -> usize {
-        (E::hash(key) >> self.shift) as usize
+    fn home(&self, key: K) -> usize {
+        (key.hash() >> self.shift) as usize
     }
 
     #[inline(always)]
-    fn prefetch(&self, key: E::Key) {
+    fn prefetch(&self, key: K) {
         prefetch(&self.entries[self.home(key)]);
     }
 
     #[inline(always)]
-    fn get(&self, key: E::Key) -> Option<u32> {
+    fn get(&self, key: K) -> Option<u32> {
         let mask = self.entries.len() - 1;
         let mut i = self.home(key);
         loop {
             let e = &self.entries[i];
-            if e.key() == key {
-                return Some(e.id());
+            if e.key == key {
+                return Some(e.id);
             }
-            if e.key() == E::EMPTY.key() {
+            if e.key == K::EMPTY {
                 return None;
             }
             i = (i + 1) & mask;
@@ -171,8 +139,8 @@ impl<E: Slot> Open<E> {
 }
 
 pub struct TokenTable {
-    narrow: Open<Narrow>,
-    wide: Open<Wide>,
+    narrow: Open<u64>,
+    wide: Open<u128>,
 }
 
 /// The key of a narrow table for a packed key of at most `NARROW_LEN` bytes: the bytes,
