@@ -2,11 +2,12 @@
 //! ids than a slot has room for). Keys and ids live in two arenas and the map holds their
 //! offsets, so remembering a piece allocates nothing once the arenas have grown, and
 //! emptying the map when its budget is spent frees nothing: with a box for each key and
-//! each id list, allocating and freeing them took about 2.5% of a build's CPU time.
+//! each id list, `malloc`, `free` and the map's regrowth took about 1.5% of a cl100k build's
+//! CPU time in a `perf` profile (0.4% since).
 
 use std::hash::BuildHasher;
 
-use hashbrown::HashTable;
+use hashbrown::hash_table::{Entry as Slot, HashTable};
 use rustc_hash::FxBuildHasher;
 
 /// What an entry costs besides its key and ids: itself and its share of the map's buckets and
@@ -20,6 +21,14 @@ struct Entry {
     key_len: u32,
     ids: u32,
     ids_len: u32,
+}
+
+impl Entry {
+    /// Is this the entry of `piece` (whose hash is `hash`), its key in `keys`?
+    #[inline]
+    fn holds(&self, keys: &[u8], hash: u64, piece: &[u8]) -> bool {
+        self.hash == hash && &keys[self.key as usize..][..self.key_len as usize] == piece
+    }
 }
 
 pub struct LongMemo {
@@ -46,7 +55,7 @@ impl LongMemo {
     }
 
     fn find(&self, hash: u64, piece: &[u8]) -> Option<&[u32]> {
-        let e = self.table.find(hash, |e| e.hash == hash && &self.keys[e.key as usize..][..e.key_len as usize] == piece)?;
+        let e = self.table.find(hash, |e| e.holds(&self.keys, hash, piece))?;
         Some(&self.ids[e.ids as usize..][..e.ids_len as usize])
     }
 
@@ -57,19 +66,24 @@ impl LongMemo {
             return;
         }
         let hash = FxBuildHasher.hash_one(piece);
-        if self.find(hash, piece).is_some() {
-            return;
-        }
         if self.bytes() + cost > self.budget {
+            if self.find(hash, piece).is_some() {
+                return;
+            }
             self.table.clear();
             self.keys.clear();
             self.ids.clear();
         }
+        // One probe finds the piece or its free slot.
+        let keys = &self.keys;
         let e =
             Entry { hash, key: self.keys.len() as u32, key_len: piece.len() as u32, ids: self.ids.len() as u32, ids_len: ids.len() as u32 };
+        match self.table.entry(hash, |e| e.holds(keys, hash, piece), |e| e.hash) {
+            Slot::Occupied(_) => return,
+            Slot::Vacant(v) => v.insert(e),
+        };
         self.keys.extend_from_slice(piece);
         self.ids.extend_from_slice(ids);
-        self.table.insert_unique(hash, e, |e| e.hash);
     }
 }
 

@@ -161,8 +161,7 @@ impl TokenTable {
     /// land on random lines of tables far larger than the caches, so their lines are
     /// requested ahead of the writes.
     pub fn build<'a>(tokens: impl Iterator<Item = (&'a [u8], u32)> + Clone) -> TokenTable {
-        let narrow_n = tokens.clone().filter(|(b, _)| b.len() <= NARROW_LEN).count();
-        let wide_n = tokens.clone().count() - narrow_n;
+        let (narrow_n, wide_n) = tokens.clone().fold((0, 0), |(n, w), (b, _)| if b.len() <= NARROW_LEN { (n + 1, w) } else { (n, w + 1) });
         let packed = tokens.map(|(bytes, id)| {
             debug_assert!((1..=MAX_LEN).contains(&bytes.len()));
             (pack(bytes), id)
