@@ -2,9 +2,11 @@
 //!
 //! The limit bounds the memory a build needs in proportion to its input or its chunks: stage
 //! 2's cell ids (8 bytes for every context of the chunks being written) and each thread's
-//! gather window (the contexts read from the spills ahead of writing them, `gather`). What
-//! does not grow with the input is outside it and documented as a constant (docs/building.md, "Large builds"):
-//! the tokenizer and its per-thread memos, stage 1's batches in flight, write buffers.
+//! gather window (the contexts whose reads from the spills are announced ahead, `gather`:
+//! memory of the page cache rather than of the build, which reads them a few MiB at a time).
+//! What does not grow with the input is outside it and documented as a constant
+//! (docs/building.md, "Large builds"): the tokenizer and its per-thread memos, stage 1's
+//! batches in flight, gather and write buffers.
 //!
 //! Half the limit at most goes to the gather windows: past a chunk per thread a larger window
 //! gains nothing. The rest bounds the cell ids of a group of chunks, whose shards are then

@@ -4,10 +4,13 @@
 //! spill, once the build has more than a hundred chunks. While the spills are in the page
 //! cache any order of reads costs the same; once a large build has pushed them out, each read
 //! is a random 4 KiB read from disk, one at a time, and stage 2 runs at the disk's random-read
-//! speed rather than its sequential speed. So contexts are read a window at a time: the
-//! window's reads are first announced to the kernel (`POSIX_FADV_WILLNEED`, which queues them
-//! all without waiting, so the disk sees a deep queue instead of one read at a time), then made
-//! in spill order into a buffer, from which the chunk is written in its own order.
+//! speed rather than its sequential speed. So the reads of a window of contexts (up to a chunk,
+//! as `memory_limit` allows) are first announced to the kernel (`POSIX_FADV_WILLNEED`, which
+//! queues them all without waiting, so the disk sees a deep queue instead of one read at a
+//! time). They are then made a few at a time (`BUFFER_BYTES`), in spill order, into a buffer
+//! from which the chunk is written in its own order. The buffer stays in cache while it is
+//! filled and copied out, and the shard's writing (paced by the disk) alternates with reading,
+//! rather than following the read of a whole chunk.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -20,6 +23,9 @@ use crate::error::Result;
 /// Bytes between two reads below which the gap is read rather than skipped: about what a disk
 /// reads sequentially in the time of one random read.
 const MERGE_GAP: u64 = 256 << 10;
+
+/// Bytes of contexts read into the buffer at a time: well inside L2 and L3.
+const BUFFER_BYTES: usize = 2 << 20;
 
 /// Window buffers of the threads of a stage 2: one per thread at most, reused chunk after chunk.
 #[derive(Default)]
@@ -36,13 +42,16 @@ impl Buffers {
     }
 }
 
-/// Reads contexts `ids[i]` for i = 0, 1, 2, ... (in that order), `window` of them at a time.
-/// The window's buffer comes from the caller, so a thread reuses one for all its chunks
-/// rather than have the kernel map and zero tens of MiB for each.
+/// Reads contexts `ids[i]` for i = 0, 1, 2, ... (in that order), announcing `window` of them
+/// at a time. The buffer comes from the caller, so a thread reuses one for all its chunks.
 pub struct Gather<'a> {
     spills: &'a Spills,
     ids: &'a [u64],
     window: usize,
+    /// Contexts read into `buf` at a time.
+    batch: usize,
+    /// Contexts `..announced` have been announced.
+    announced: usize,
     context_bytes: usize,
     /// Contexts `first..first + loaded` are in `buf`, in chunk order.
     first: usize,
@@ -54,9 +63,26 @@ pub struct Gather<'a> {
 
 impl<'a> Gather<'a> {
     pub fn new(spills: &'a Spills, ids: &'a [u64], window: usize, buf: &'a mut Vec<u8>) -> Self {
+        Self::with_buffer(spills, ids, window, buf, BUFFER_BYTES)
+    }
+
+    fn with_buffer(spills: &'a Spills, ids: &'a [u64], window: usize, buf: &'a mut Vec<u8>, buffer_bytes: usize) -> Self {
         let window = window.clamp(1, ids.len().max(1));
         let context_bytes = spills.context_bytes() as usize;
-        Gather { spills, ids, window, context_bytes, first: 0, loaded: 0, buf, order: Vec::with_capacity(window), open: HashMap::new() }
+        let batch = (buffer_bytes / context_bytes.max(1)).clamp(1, window);
+        Gather {
+            spills,
+            ids,
+            window,
+            batch,
+            announced: 0,
+            context_bytes,
+            first: 0,
+            loaded: 0,
+            buf,
+            order: Vec::with_capacity(batch),
+            open: HashMap::new(),
+        }
     }
 
     /// Context `ids[i]` into `out`.
@@ -70,17 +96,23 @@ impl<'a> Gather<'a> {
     }
 
     fn load(&mut self, first: usize) -> Result<()> {
-        let n = self.window.min(self.ids.len() - first);
+        let n = self.batch.min(self.ids.len() - first);
+        if first + n > self.announced {
+            let end = (first + self.window).min(self.ids.len());
+            let mut window = self.ids[first.max(self.announced)..end].to_vec();
+            // Packed ids sort by (file, position): spill order.
+            window.sort_unstable();
+            if window.len() > 1 {
+                self.announce(&window)?;
+            }
+            self.announced = end;
+        }
         let ids = &self.ids[first..first + n];
         let cb = self.context_bytes;
         self.buf.resize(n * cb, 0);
         self.order.clear();
         self.order.extend(0..n);
-        // Packed ids sort by (file, position): spill order.
         self.order.sort_unstable_by_key(|&j| ids[j]);
-        if n > 1 {
-            self.announce(ids)?;
-        }
         for &j in &self.order {
             self.spills.read(&mut self.open, ids[j], &mut self.buf[j * cb..(j + 1) * cb])?;
         }
@@ -89,14 +121,14 @@ impl<'a> Gather<'a> {
         Ok(())
     }
 
-    /// Tell the kernel every read of the window at once. Reads less than `MERGE_GAP` apart
-    /// are announced as one range, gap included: reading the gap costs the disk less than
-    /// another request, and a dense window then reads its spills front to back.
-    fn announce(&mut self, ids: &[u64]) -> Result<()> {
+    /// Tell the kernel every read of a window at once (`sorted`: its ids in spill order).
+    /// Reads less than `MERGE_GAP` apart are announced as one range, gap included: reading the
+    /// gap costs the disk less than another request, and a dense window then reads its spills
+    /// front to back.
+    fn announce(&mut self, sorted: &[u64]) -> Result<()> {
         let gap = MERGE_GAP.div_ceil(self.context_bytes as u64);
         let mut run: Option<(u64, u64)> = None; // (first id, contexts up to the last one read)
-        for &j in &self.order {
-            let id = ids[j];
+        for &id in sorted {
             run = match run {
                 // Ids of one file differ in their low bits only (`cells::pack`).
                 Some((start, len)) if id >= start + len && id - (start + len) <= gap && (id ^ start) >> POS_BITS == 0 => {
@@ -140,13 +172,15 @@ mod tests {
             ids.swap(i, (x >> 33) as usize % (i + 1));
         }
         for window in [1, 2, 5, ids.len(), 1000] {
-            let mut buf = Vec::new();
-            let mut g = Gather::new(&spills, &ids, window, &mut buf);
-            let mut out = vec![0u8; cb];
-            for (i, &id) in ids.iter().enumerate() {
-                g.read(i, &mut out).unwrap();
-                let (f, p) = unpack(id);
-                assert_eq!(out, context(f, p), "window {window}, context {i}");
+            for buffer in [cb, 3 * cb, 1 << 20] {
+                let mut buf = Vec::new();
+                let mut g = Gather::with_buffer(&spills, &ids, window, &mut buf, buffer);
+                let mut out = vec![0u8; cb];
+                for (i, &id) in ids.iter().enumerate() {
+                    g.read(i, &mut out).unwrap();
+                    let (f, p) = unpack(id);
+                    assert_eq!(out, context(f, p), "window {window}, buffer {buffer}, context {i}");
+                }
             }
         }
     }
