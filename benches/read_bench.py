@@ -345,7 +345,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--tokens", type=float, default=200e6, help="tokens per timed run")
     ap.add_argument("--runs", type=int, default=3, help="interleaved runs per figure (median)")
     ap.add_argument("--dtypes", default="uint16,int32,int64", help="output dtypes")
-    ap.add_argument("--open-chunks", type=int, default=100_000, help="chunks of the cache opened in a fresh process (0: skip)")
+    ap.add_argument(
+        "--open-chunks", type=int, default=100_000, help="chunks of the cache opened in a fresh process (0: skip)"
+    )
     ap.add_argument("--smoke", action="store_true", help="tiny sizes: check that the script runs")
     ap.add_argument("--json", help="write results here")
     args = ap.parse_args(argv)
