@@ -14,7 +14,6 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::sync::Mutex;
 
 use super::cells::POS_BITS;
 use super::spills::Spills;
@@ -27,23 +26,8 @@ const MERGE_GAP: u64 = 256 << 10;
 /// Bytes of contexts read into the buffer at a time: well inside L2 and L3.
 const BUFFER_BYTES: usize = 2 << 20;
 
-/// Window buffers of the threads of a stage 2: one per thread at most, reused chunk after chunk.
-#[derive(Default)]
-pub struct Buffers(Mutex<Vec<Vec<u8>>>);
-
-impl Buffers {
-    pub fn take(&self) -> Vec<u8> {
-        self.0.lock().ok().and_then(|mut v| v.pop()).unwrap_or_default()
-    }
-    pub fn give(&self, buf: Vec<u8>) {
-        if let Ok(mut v) = self.0.lock() {
-            v.push(buf);
-        }
-    }
-}
-
 /// Reads contexts `ids[i]` for i = 0, 1, 2, ... (in that order), announcing `window` of them
-/// at a time. The buffer comes from the caller, so a thread reuses one for all its chunks.
+/// at a time.
 pub struct Gather<'a> {
     spills: &'a Spills,
     ids: &'a [u64],
@@ -56,17 +40,17 @@ pub struct Gather<'a> {
     /// Contexts `first..first + loaded` are in `buf`, in chunk order.
     first: usize,
     loaded: usize,
-    buf: &'a mut Vec<u8>,
+    buf: Vec<u8>,
     order: Vec<usize>,
     open: HashMap<usize, File>,
 }
 
 impl<'a> Gather<'a> {
-    pub fn new(spills: &'a Spills, ids: &'a [u64], window: usize, buf: &'a mut Vec<u8>) -> Self {
-        Self::with_buffer(spills, ids, window, buf, BUFFER_BYTES)
+    pub fn new(spills: &'a Spills, ids: &'a [u64], window: usize) -> Self {
+        Self::with_buffer(spills, ids, window, BUFFER_BYTES)
     }
 
-    fn with_buffer(spills: &'a Spills, ids: &'a [u64], window: usize, buf: &'a mut Vec<u8>, buffer_bytes: usize) -> Self {
+    fn with_buffer(spills: &'a Spills, ids: &'a [u64], window: usize, buffer_bytes: usize) -> Self {
         let window = window.clamp(1, ids.len().max(1));
         let context_bytes = spills.context_bytes() as usize;
         let batch = (buffer_bytes / context_bytes.max(1)).clamp(1, window);
@@ -79,7 +63,7 @@ impl<'a> Gather<'a> {
             context_bytes,
             first: 0,
             loaded: 0,
-            buf,
+            buf: Vec::new(),
             order: Vec::with_capacity(batch),
             open: HashMap::new(),
         }
@@ -173,8 +157,7 @@ mod tests {
         }
         for window in [1, 2, 5, ids.len(), 1000] {
             for buffer in [cb, 3 * cb, 1 << 20] {
-                let mut buf = Vec::new();
-                let mut g = Gather::with_buffer(&spills, &ids, window, &mut buf, buffer);
+                let mut g = Gather::with_buffer(&spills, &ids, window, buffer);
                 let mut out = vec![0u8; cb];
                 for (i, &id) in ids.iter().enumerate() {
                     g.read(i, &mut out).unwrap();

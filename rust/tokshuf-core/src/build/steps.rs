@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::cells::pack;
-use super::gather::{Buffers, Gather};
+use super::gather::Gather;
 use super::manifest::manifest_text;
 use super::plan::{self, ChunkPlan};
 use super::shard::{write_shard, ShardSpec, ShardTimes};
@@ -204,7 +204,6 @@ pub fn stage2_chunks(
             let padded: HashMap<u64, u32> =
                 summaries.iter().enumerate().flat_map(|(f, s)| s.padded.iter().map(move |&(p, n)| (pack(f, p), n))).collect();
             let spills = Spills::open(&job.work, plan.counts.len(), spec.context_bytes())?;
-            let buffers = Buffers::default();
             testhook::point("stage2.group");
             pool.install(|| {
                 ids.par_chunks(cs as usize)
@@ -212,11 +211,8 @@ pub fn stage2_chunks(
                     .map(|(i, ids)| {
                         let chunk = chunks.start + i as u64;
                         let padding: u64 = ids.iter().filter_map(|id| padded.get(id)).map(|&n| n as u64).sum();
-                        let mut buf = buffers.take();
-                        let mut gather = Gather::new(&spills, ids, io.gather_window, &mut buf);
-                        let line = write_shard(&spec, chunk, ids.len(), padding, |i, out| gather.read(i as usize, out));
-                        buffers.give(buf);
-                        let line = line?;
+                        let mut gather = Gather::new(&spills, ids, io.gather_window);
+                        let line = write_shard(&spec, chunk, ids.len(), padding, |i, out| gather.read(i as usize, out))?;
                         on_chunk(chunk, &line)?;
                         Ok(line)
                     })
