@@ -119,8 +119,7 @@ impl Permutation {
     /// `apply` to each `xs[k]` under `perms[which[k]]`, in place. The same images, found
     /// a round at a time over all elements still out of range: one at a time, each element
     /// waited on its own chain of multiplies and the cycle walk's exit branch went the wrong
-    /// way about half the time (with the position arithmetic around it, a tenth of the
-    /// endless reader's time).
+    /// way about half the time.
     pub fn apply_many(perms: &[Permutation], which: &[u32], xs: &mut [u64]) {
         debug_assert_eq!(which.len(), xs.len());
         let mut pending: Vec<u32> = (0..xs.len() as u32).filter(|&k| perms[which[k as usize] as usize].n > 1).collect();

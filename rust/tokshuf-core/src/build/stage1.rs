@@ -139,8 +139,7 @@ pub fn run(
         return Ok(());
     }
     // Enough batches that the workers run on while this thread waits on a finished file's
-    // fsync (10-20 ms here): with three a thread, builds of the 100 MB subset (three files)
-    // and of one 10 MB file took about 3% longer.
+    // fsync (docs/fast-tokenizer.md, round six, has the measurements).
     let in_flight = (pool.current_num_threads() * 8).max(8);
     let (slot_tx, slot_rx) = bounded::<()>(in_flight); // bounds batches in flight
     let (done_tx, done_rx) = unbounded::<(u64, Done)>();

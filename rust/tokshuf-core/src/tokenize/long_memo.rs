@@ -2,8 +2,8 @@
 //! ids than a slot has room for). Keys and ids live in two arenas and the map holds their
 //! offsets, so remembering a piece allocates nothing once the arenas have grown, and
 //! emptying the map when its budget is spent frees nothing: with a box for each key and
-//! each id list, `malloc`, `free` and the map's regrowth took about 1.5% of a cl100k build's
-//! CPU time in a `perf` profile (0.4% since).
+//! each id list, `malloc`, `free` and the map's regrowth showed in a build's profile
+//! (docs/fast-tokenizer.md, round six).
 
 use std::hash::BuildHasher;
 
