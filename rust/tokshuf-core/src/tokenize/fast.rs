@@ -187,21 +187,19 @@ impl FastEncoder {
             Some(p) => pre_tokenizer_pattern(p).ok_or_else(|| format!("pre_tokenizer {} is not supported", short(p)))?,
             None => return Err("no pre_tokenizer (not byte-level)".into()),
         };
-        let raw = file.model.ok_or("no model")?.get();
-        let head: ModelHead = serde_json::from_str(raw).map_err(|e| format!("model: {e}"))?;
+        let head = file.model.ok_or("no model")?;
         check_bpe_model(&head)?;
         let ignore_merges = head.ignore_merges.as_ref().and_then(Value::as_bool).unwrap_or(false);
-        // An NFC normalizer's table (about 25 ms) is built beside the model.
-        let (nfc, model) = std::thread::scope(|sc| {
-            let table = nfc.then(|| sc.spawn(NfcSafe::shared));
-            let model = serde_json::from_str::<BpeModel>(raw)
-                .map_err(|e| format!("BPE model: {e}"))
-                .and_then(|body| Ok((MergeBpe::from_model(&body, ignore_merges)?, body)));
-            (table.map(|h| h.join().unwrap_or_else(|_| NfcSafe::shared())), model)
-        });
-        let (model, body) = model?;
+        let body = BpeModel::parse(&head)?;
+        let model = MergeBpe::from_model(&body, ignore_merges)?;
         let added = added_token_ids(file.added_tokens, &body.vocab);
-        Ok(JsonParts { nfc, pretok: PreTokenizer::new(pattern).map_err(|e| e.to_string())?, model, vocab: body.vocab, added })
+        Ok(JsonParts {
+            nfc: nfc.then(NfcSafe::shared),
+            pretok: PreTokenizer::new(pattern).map_err(|e| e.to_string())?,
+            model,
+            vocab: body.vocab,
+            added,
+        })
     }
 
     /// The encoder of a tokenizer.json from its `parts`, their added tokens known (read from

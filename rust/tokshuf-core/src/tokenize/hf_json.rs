@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-/// The top level; the model stays raw until its type is known to be BPE.
+/// The top level.
 #[derive(Deserialize)]
 pub struct TokenizerFile<'a> {
     #[serde(default)]
@@ -23,7 +23,7 @@ pub struct TokenizerFile<'a> {
     #[serde(default)]
     pub pre_tokenizer: Option<Value>,
     #[serde(borrow, default)]
-    pub model: Option<&'a RawValue>,
+    pub model: Option<ModelHead<'a>>,
 }
 
 /// An entry of `added_tokens`; every field is required, as by the `tokenizers` crate.
@@ -37,9 +37,9 @@ pub struct AddedToken {
     pub special: bool,
 }
 
-/// A model's settings, read before its vocabulary.
+/// A model's settings; its vocabulary and merges stay raw until it is known to be BPE.
 #[derive(Deserialize)]
-pub struct ModelHead {
+pub struct ModelHead<'a> {
     #[serde(rename = "type", default)]
     pub kind: Option<Value>,
     #[serde(default)]
@@ -50,15 +50,31 @@ pub struct ModelHead {
     pub end_of_word_suffix: Option<Value>,
     #[serde(default)]
     pub ignore_merges: Option<Value>,
+    #[serde(borrow, default)]
+    pub vocab: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    pub merges: Option<&'a RawValue>,
 }
 
 /// A BPE model's vocabulary and merges, their strings borrowed from the file.
-#[derive(Deserialize)]
 pub struct BpeModel<'a> {
-    #[serde(borrow)]
     pub vocab: Vocab<'a>,
-    #[serde(borrow)]
     pub merges: Vec<Merge<'a>>,
+}
+
+impl<'a> BpeModel<'a> {
+    /// Parses the vocabulary and the merges of `head` side by side: they are most of the
+    /// file, and most of its load.
+    pub fn parse(head: &ModelHead<'a>) -> Result<BpeModel<'a>, String> {
+        let (vocab, merges) = (head.vocab.ok_or("BPE model: no vocab")?, head.merges.ok_or("BPE model: no merges")?);
+        let merges = || serde_json::from_str::<Vec<Merge>>(merges.get()).map_err(|e| format!("BPE merges: {e}"));
+        let (vocab, merges) = std::thread::scope(|sc| {
+            let h = sc.spawn(merges);
+            let vocab = serde_json::from_str::<Vocab>(vocab.get()).map_err(|e| format!("BPE vocab: {e}"));
+            (vocab, h.join().unwrap_or_else(|_| merges()))
+        });
+        Ok(BpeModel { vocab: vocab?, merges: merges? })
+    }
 }
 
 pub type Vocab<'a> = FxHashMap<Text<'a>, u32>;
@@ -211,7 +227,7 @@ mod tests {
         });
         let bytes = serde_json::to_vec(&file).unwrap();
         let parsed: TokenizerFile = serde_json::from_slice(&bytes).unwrap();
-        let model: BpeModel = serde_json::from_str(parsed.model.unwrap().get()).unwrap();
+        let model = BpeModel::parse(&parsed.model.unwrap()).unwrap();
         let ours = added_token_ids(parsed.added_tokens, &model.vocab).unwrap();
         let theirs = crate_added_tokens(&tokenizers::Tokenizer::from_bytes(&bytes).unwrap());
         assert_eq!(ours, theirs);

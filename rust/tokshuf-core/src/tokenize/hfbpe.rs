@@ -18,7 +18,7 @@ use std::collections::BinaryHeap;
 
 use rustc_hash::FxHashMap;
 
-use crate::tokenize::hf_json::BpeModel;
+use crate::tokenize::hf_json::{BpeModel, Merge, Vocab};
 use crate::tokenize::pair_table::PairTable;
 use crate::tokenize::token_table::{pack, TokenTable, MAX_LEN};
 
@@ -41,6 +41,46 @@ pub fn byte_level_alphabet() -> [char; 256] {
         };
     }
     table
+}
+
+/// The ids of each merge's two tokens and of the token they make.
+fn merge_ids(vocab: &Vocab, merges: &[Merge]) -> Result<Vec<[u32; 3]>, String> {
+    let id_of = |tok: &str| vocab.get(tok).copied().ok_or_else(|| format!("merge token {tok:?} is not in the vocabulary"));
+    let mut merged = String::new();
+    merges
+        .iter()
+        .map(|Merge(a, b)| {
+            merged.clear();
+            merged.push_str(a);
+            merged.push_str(b);
+            Ok([id_of(a)?, id_of(b)?, id_of(&merged)?])
+        })
+        .collect()
+}
+
+/// Every token's bytes in one buffer (no allocation per token) and each token's span of it
+/// with its id; tokens holding a character outside `alphabet` are left out.
+fn token_bytes(vocab: &Vocab, alphabet: &[char; 256]) -> (Vec<u8>, Vec<(usize, usize, u32)>) {
+    // The alphabet's characters are below U+0200.
+    let mut inverse = [u16::MAX; 0x200];
+    for (b, &c) in alphabet.iter().enumerate() {
+        inverse[c as usize] = b as u16;
+    }
+    let (mut bytes, mut spans) = (Vec::with_capacity(vocab.len() * 8), Vec::with_capacity(vocab.len()));
+    'tokens: for (tok, &id) in vocab {
+        let start = bytes.len();
+        for c in tok.chars() {
+            match inverse.get(c as usize) {
+                Some(&b) if b != u16::MAX => bytes.push(b as u8),
+                _ => {
+                    bytes.truncate(start);
+                    continue 'tokens;
+                }
+            }
+        }
+        spans.push((start, bytes.len(), id));
+    }
+    (bytes, spans)
 }
 
 /// Pieces that are themselves a token and encode to it, found without merging.
@@ -101,39 +141,20 @@ impl MergeBpe {
                 None => return Err(format!("vocabulary lacks the byte-level character of byte {b:#04x}")),
             }
         }
+        // The merges' ids are looked up in two halves side by side; the second thread's
+        // errors come after the first's, as if in one pass.
+        let (first, second) = model.merges.split_at(model.merges.len() / 2);
+        let (ids, (bytes, spans)) = std::thread::scope(|sc| {
+            let h = sc.spawn(|| merge_ids(vocab, second));
+            let ids = merge_ids(vocab, first);
+            let tokens = token_bytes(vocab, &alphabet);
+            let rest = h.join().unwrap_or_else(|_| merge_ids(vocab, second));
+            (ids.and_then(|ids| Ok([ids, rest?].concat())), tokens)
+        });
         let mut merges = PairTable::with_capacity(model.merges.len());
-        let mut merged = String::new();
-        for (rank, m) in model.merges.iter().enumerate() {
-            let (a, b) = (&*m.0, &*m.1);
-            let missing = |t: &str| format!("merge token {t:?} is not in the vocabulary");
-            let ia = id_of(a).ok_or_else(|| missing(a))?;
-            let ib = id_of(b).ok_or_else(|| missing(b))?;
-            merged.clear();
-            merged.push_str(a);
-            merged.push_str(b);
-            let inew = id_of(&merged).ok_or_else(|| missing(&merged))?;
+        for (rank, [a, b, merged]) in ids?.into_iter().enumerate() {
             // Later duplicates win, as in `tokenizers` (it collects into a map in order).
-            merges.insert(ia, ib, rank as u32, inew);
-        }
-        // Every token's bytes in one buffer (no allocation per token), tokens holding a
-        // character outside the alphabet left out. The alphabet's characters are below U+0200.
-        let mut inverse = [u16::MAX; 0x200];
-        for (b, &c) in alphabet.iter().enumerate() {
-            inverse[c as usize] = b as u16;
-        }
-        let (mut bytes, mut spans) = (Vec::with_capacity(vocab.len() * 8), Vec::with_capacity(vocab.len()));
-        'tokens: for (tok, &id) in vocab {
-            let start = bytes.len();
-            for c in tok.chars() {
-                match inverse.get(c as usize) {
-                    Some(&b) if b != u16::MAX => bytes.push(b as u8),
-                    _ => {
-                        bytes.truncate(start);
-                        continue 'tokens;
-                    }
-                }
-            }
-            spans.push((start, bytes.len(), id));
+            merges.insert(a, b, rank as u32, merged);
         }
         let decoded = spans.iter().map(|&(s, e, id)| (&bytes[s..e], id));
         let bpe = if ignore_merges {
@@ -343,7 +364,7 @@ impl MergeBpe {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokenize::hf_json::{Merge, Text};
+    use crate::tokenize::hf_json::Text;
 
     fn toy(merges: &[(&str, &str)]) -> MergeBpe {
         let alphabet = byte_level_alphabet();
