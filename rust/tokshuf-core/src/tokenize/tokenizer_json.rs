@@ -7,7 +7,7 @@ use std::sync::{Arc, OnceLock};
 use sha2::{Digest, Sha256};
 
 use super::fast::FastEncoder;
-use super::hf_json::crate_added_tokens;
+use super::hf_json::{crate_added_tokens, needless_escapes_written_out};
 use super::pretok::CharClasses;
 use super::{choose, Backend, Encoder, Tokenizer, FAST_BACKEND};
 use crate::error::{Error, Result};
@@ -85,6 +85,7 @@ pub(super) fn load_tokenizer_json(spec: &str, path: &Path, allow_special: bool, 
     let bytes: Arc<[u8]> = std::fs::read(path).map_err(|e| Error::io(path, e))?.into();
     let fast = backend != Backend::Reference;
     let hash = || crate::format::hex(&Sha256::digest(&bytes));
+    let text = fast.then(|| needless_escapes_written_out(&bytes));
     // Beside the model: the hash, and the fast backend's class table.
     let (sha256, parts) = std::thread::scope(|sc| {
         let helper = sc.spawn(|| {
@@ -93,7 +94,7 @@ pub(super) fn load_tokenizer_json(spec: &str, path: &Path, allow_special: bool, 
             }
             hash()
         });
-        let parts = fast.then(|| FastEncoder::tokenizer_json_parts(&bytes));
+        let parts = text.as_deref().map(FastEncoder::tokenizer_json_parts);
         (helper.join().unwrap_or_else(|_| hash()), parts)
     });
     // Where the fast backend models the whole file, added tokens included, the `tokenizers`
