@@ -166,20 +166,19 @@ pub fn needless_escapes_written_out(text: &[u8]) -> Cow<'_, [u8]> {
     }
     let mut out = Vec::with_capacity(text.len());
     let mut at = 0;
+    // Each backslash escapes what follows it (an escaped backslash included, so a pair of
+    // them is stepped over whole).
     while let Some(k) = memchr::memchr(b'\\', &text[at..]) {
-        // A run of backslashes is read in pairs (escaped backslashes); an odd last one escapes
-        // what follows it.
-        let run = text[at + k..].iter().take_while(|&&b| b == b'\\').count();
-        let end = at + k + run;
-        match non_ascii_escape(&text[end - 1..]).filter(|_| run % 2 == 1) {
+        let escape = at + k;
+        out.extend_from_slice(&text[at..escape]);
+        match non_ascii_escape(&text[escape..]) {
             Some(c) => {
-                out.extend_from_slice(&text[at..end - 1]);
                 out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes());
-                at = end + 5;
+                at = escape + 6;
             }
             None => {
-                out.extend_from_slice(&text[at..end]);
-                at = end;
+                at = (escape + 2).min(text.len());
+                out.extend_from_slice(&text[escape..at]);
             }
         }
     }
