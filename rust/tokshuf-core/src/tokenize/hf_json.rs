@@ -306,6 +306,27 @@ mod tests {
         assert!(matches!(needless_escapes_written_out(br#"{"a": "\n"}"#), Cow::Borrowed(_)));
     }
 
+    /// Texts strung together from JSON's pieces at random, many of them malformed: each
+    /// parses as its rewrite does, to the same value or to an error.
+    #[test]
+    fn rewrites_parse_as_their_texts_do() {
+        const PIECES: [&str; 19] = [
+            "\"", "\\", "\\\\", "\\u0120", "\\u00E9", "\\u0041", "\\ud83d", "\\ude00", "\\u012", "\\n", "a", "é", " ", ":", ",", "[", "]",
+            "{", "}",
+        ];
+        let (mut seed, mut valid) = (11u64, 0);
+        for _ in 0..20_000 {
+            seed = crate::hash::mix64(seed);
+            let text: String = (0..seed % 12).map(|k| PIECES[(crate::hash::mix64(seed + k) % 19) as usize]).collect();
+            let text = format!("[\"{text}\"]");
+            let parse = |t: &[u8]| serde_json::from_slice::<Value>(t).ok();
+            let (want, got) = (parse(text.as_bytes()), parse(&needless_escapes_written_out(text.as_bytes())));
+            assert_eq!(got, want, "{text}");
+            valid += usize::from(want.is_some());
+        }
+        assert!(valid > 1_000, "only {valid} valid texts");
+    }
+
     #[test]
     fn merges_in_both_forms() {
         let m: Vec<Merge> = serde_json::from_str(r#"["a b", ["c d", "e"], "\" \u0120", ["\\", "f"]]"#).unwrap();
