@@ -83,9 +83,10 @@ pub(super) const CLASSES: [(u8, &str); 5] =
 
 type Res<T> = std::result::Result<T, String>;
 
-/// Code points per class bit, and the non-ASCII `(?i)` folds of each of `FOLD_LETTERS`.
+/// Code point ranges per class bit (inclusive, surrogates left out), and the non-ASCII `(?i)`
+/// folds of each of `FOLD_LETTERS`.
 struct Members {
-    classes: Vec<(u8, Vec<u32>)>,
+    classes: Vec<(u8, Vec<(u32, u32)>)>,
     folds: [Vec<u32>; 8],
 }
 
@@ -93,21 +94,24 @@ struct Members {
 /// semver-compatible copy in the build), whose parsed class *is* the set its matcher accepts:
 /// read the ranges, no scan needed.
 fn regex_syntax_members() -> Res<Members> {
-    fn class(pattern: &str) -> Res<Vec<u32>> {
+    fn class(pattern: &str) -> Res<Vec<(u32, u32)>> {
         use regex_syntax::hir::{Class, HirKind};
         let hir = regex_syntax::Parser::new().parse(pattern).map_err(|e| format!("{pattern}: {e}"))?;
         match hir.kind() {
-            HirKind::Class(Class::Unicode(c)) => {
-                let cps = c.ranges().iter().flat_map(|r| r.start() as u32..=r.end() as u32);
-                Ok(cps.filter(|cp| !(0xD800..0xE000).contains(cp)).collect())
-            }
+            HirKind::Class(Class::Unicode(c)) => Ok(c
+                .ranges()
+                .iter()
+                .flat_map(|r| [(r.start() as u32, (r.end() as u32).min(0xD7FF)), ((r.start() as u32).max(0xE000), r.end() as u32)])
+                .filter(|(first, last)| first <= last)
+                .collect()),
             _ => Err(format!("{pattern}: not a Unicode class")),
         }
     }
     let classes = CLASSES.iter().map(|&(bit, p)| Ok((bit, class(p)?))).collect::<Res<_>>()?;
     let mut folds: [Vec<u32>; 8] = Default::default();
     for (k, &letter) in FOLD_LETTERS.iter().enumerate() {
-        let (mut ascii, other): (Vec<u32>, Vec<u32>) = class(&format!("(?i:{})", letter as char))?.into_iter().partition(|&c| c < 128);
+        let cps = class(&format!("(?i:{})", letter as char))?.into_iter().flat_map(|(first, last)| first..=last);
+        let (mut ascii, other): (Vec<u32>, Vec<u32>) = cps.partition(|&c| c < 128);
         // ASCII folds are assumed to be the plain case pair (`folds_to`); check it.
         ascii.sort_unstable();
         if ascii != [letter.to_ascii_uppercase() as u32, letter as u32] {
@@ -121,16 +125,16 @@ fn regex_syntax_members() -> Res<Members> {
 fn build() -> Res<CharClasses> {
     let members = regex_syntax_members()?;
     let mut table = vec![0u8; 0x110000];
-    for (bit, cps) in &members.classes {
-        for &cp in cps {
-            table[cp as usize] |= bit;
+    for (bit, ranges) in &members.classes {
+        for &(first, last) in ranges {
+            table[first as usize..=last as usize].iter_mut().for_each(|c| *c |= bit);
         }
     }
     let mut ascii = [0u8; 128];
     ascii.copy_from_slice(&table[..128]);
     let mut index = Vec::with_capacity(0x110000 / BLOCK);
     let mut blocks: Vec<u8> = Vec::new();
-    let mut seen: std::collections::HashMap<&[u8], u16> = std::collections::HashMap::new();
+    let mut seen: rustc_hash::FxHashMap<&[u8], u16> = Default::default();
     for chunk in table.chunks(BLOCK) {
         let id = match seen.get(chunk) {
             Some(&id) => id,
