@@ -1,7 +1,8 @@
-//! What the fast backend reads of a tokenizer.json, parsed in one pass into typed structs (a
+//! What the fast backend reads of a tokenizer.json, parsed into typed structs (a
 //! `serde_json::Value` of GPT-NeoX's file is a B-tree of 50 k entries, slower to build than
-//! the tables made from it), and the ids the `tokenizers` crate gives the added tokens, so
-//! that a build need not load the crate at all (it is loaded only if the reference is used).
+//! the tables made from it): the file's structure first, then its vocabulary and merges side
+//! by side. And the ids the `tokenizers` crate gives the added tokens, so that a build need
+//! not load the crate at all (it is loaded only if the reference is used).
 
 use std::borrow::{Borrow, Cow};
 use std::collections::HashSet;
