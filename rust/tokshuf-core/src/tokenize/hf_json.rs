@@ -68,12 +68,10 @@ impl<'a> BpeModel<'a> {
     /// file, and most of its load.
     pub fn parse(head: &ModelHead<'a>) -> Result<BpeModel<'a>, String> {
         let (vocab, merges) = (head.vocab.ok_or("BPE model: no vocab")?, head.merges.ok_or("BPE model: no merges")?);
-        let merges = || serde_json::from_str::<Vec<Merge>>(merges.get()).map_err(|e| format!("BPE merges: {e}"));
-        let (vocab, merges) = std::thread::scope(|sc| {
-            let h = sc.spawn(merges);
-            let vocab = serde_json::from_str::<Vocab>(vocab.get()).map_err(|e| format!("BPE vocab: {e}"));
-            (vocab, h.join().unwrap_or_else(|_| merges()))
-        });
+        let (merges, vocab) = super::side_by_side(
+            || serde_json::from_str::<Vec<Merge>>(merges.get()).map_err(|e| format!("BPE merges: {e}")),
+            || serde_json::from_str::<Vocab>(vocab.get()).map_err(|e| format!("BPE vocab: {e}")),
+        );
         Ok(BpeModel { vocab: vocab?, merges: merges? })
     }
 }

@@ -20,6 +20,7 @@ use rustc_hash::FxHashMap;
 
 use crate::tokenize::hf_json::{BpeModel, Merge, Vocab};
 use crate::tokenize::pair_table::PairTable;
+use crate::tokenize::side_by_side;
 use crate::tokenize::token_table::{pack, TokenTable, MAX_LEN};
 
 const NO_PAIR: (u32, u32) = (u32::MAX, u32::MAX);
@@ -144,15 +145,10 @@ impl MergeBpe {
         // The merges' ids are looked up in two halves side by side; the second thread's
         // errors come after the first's, as if in one pass.
         let (first, second) = model.merges.split_at(model.merges.len() / 2);
-        let (ids, (bytes, spans)) = std::thread::scope(|sc| {
-            let h = sc.spawn(|| merge_ids(vocab, second));
-            let ids = merge_ids(vocab, first);
-            let tokens = token_bytes(vocab, &alphabet);
-            let rest = h.join().unwrap_or_else(|_| merge_ids(vocab, second));
-            (ids.and_then(|ids| Ok([ids, rest?].concat())), tokens)
-        });
+        let (rest, (ids, (bytes, spans))) =
+            side_by_side(|| merge_ids(vocab, second), || (merge_ids(vocab, first), token_bytes(vocab, &alphabet)));
         let mut merges = PairTable::with_capacity(model.merges.len());
-        for (rank, [a, b, merged]) in ids?.into_iter().enumerate() {
+        for (rank, [a, b, merged]) in ids?.into_iter().chain(rest?).enumerate() {
             // Later duplicates win, as in `tokenizers` (it collects into a map in order).
             merges.insert(a, b, rank as u32, merged);
         }
@@ -165,11 +161,7 @@ impl MergeBpe {
             let bpe = MergeBpe::assemble(byte_ids, merges, Whole::Never);
             let short: Vec<(&[u8], u32)> = decoded.filter(|(b, _)| (1..=MAX_LEN).contains(&b.len())).collect();
             let (first, second) = short.split_at(short.len() / 2);
-            let (mut own, rest) = std::thread::scope(|sc| {
-                let h = sc.spawn(|| bpe.own_encodings(second));
-                let own = bpe.own_encodings(first);
-                (own, h.join().unwrap_or_else(|_| bpe.own_encodings(second)))
-            });
+            let (rest, mut own) = side_by_side(|| bpe.own_encodings(second), || bpe.own_encodings(first));
             own.extend(rest);
             let table = TokenTable::new(&own);
             MergeBpe { whole: Whole::Tokens { short: table, long: FxHashMap::default() }, ..bpe }

@@ -113,6 +113,16 @@ impl Tokenizer {
     }
 }
 
+/// `(a(), b())`, `a` on a thread of its own: a tokenizer's load uses two cores without a
+/// thread pool (none is started outside a build). Should `a` panic there, it runs again here.
+fn side_by_side<A: Send, B>(a: impl Fn() -> A + Sync, b: impl FnOnce() -> B) -> (A, B) {
+    std::thread::scope(|sc| {
+        let h = sc.spawn(&a);
+        let b = b();
+        (h.join().unwrap_or_else(|_| a()), b)
+    })
+}
+
 /// The fast encoder if `backend` wants it and `fast` could build it, else the reference.
 pub(super) fn choose(
     spec: &str,

@@ -9,7 +9,7 @@ use sha2::{Digest, Sha256};
 use super::fast::FastEncoder;
 use super::hf_json::{crate_added_tokens, needless_escapes_written_out};
 use super::pretok::CharClasses;
-use super::{choose, Backend, Encoder, Tokenizer, FAST_BACKEND};
+use super::{choose, side_by_side, Backend, Encoder, Tokenizer, FAST_BACKEND};
 use crate::error::{Error, Result};
 
 /// The tokenizer.json a spec other than `tiktoken:...` names: a file, a folder holding
@@ -87,16 +87,15 @@ pub(super) fn load_tokenizer_json(spec: &str, path: &Path, allow_special: bool, 
     let hash = || crate::format::hex(&Sha256::digest(&bytes));
     let text = fast.then(|| needless_escapes_written_out(&bytes));
     // Beside the model: the hash, and the fast backend's class table.
-    let (sha256, parts) = std::thread::scope(|sc| {
-        let helper = sc.spawn(|| {
+    let (sha256, parts) = side_by_side(
+        || {
             if fast {
                 let _ = CharClasses::shared();
             }
             hash()
-        });
-        let parts = text.as_deref().map(FastEncoder::tokenizer_json_parts);
-        (helper.join().unwrap_or_else(|_| hash()), parts)
-    });
+        },
+        || text.as_deref().map(FastEncoder::tokenizer_json_parts),
+    );
     // Where the fast backend models the whole file, added tokens included, the `tokenizers`
     // crate (0.1 s for GPT-NeoX) is loaded only if the reference is ever used.
     let parts = match parts {
