@@ -15,5 +15,6 @@ pub mod order;
 pub(crate) mod per_process;
 pub mod reader;
 pub mod remote;
+mod stream;
 pub mod unpacked;
 pub mod validate;
