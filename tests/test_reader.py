@@ -179,6 +179,8 @@ def test_missing_folder_and_options(tmp_path, caches):
     meta = json.loads((d / "tokshuf.json").read_text())
     with pytest.raises(tokshuf.ConfigError):  # uint32 cache into uint16 batches
         tokshuf.Reader(d, batch_size=2, dtype="uint16")
+    with pytest.raises(tokshuf.ConfigError, match="uint16 cannot hold"):  # and random access
+        tokshuf.Cache(d).get_batch([0, 1], dtype="uint16")
     assert meta["dtype"] == "uint32"
 
 

@@ -183,7 +183,8 @@ class Cache:
         )
 
     def get_batch(self, indices: Iterable[int], dtype: Union[str, np.dtype, None] = None) -> np.ndarray:
-        """Contexts ``indices`` (manifest order, negative counts from the end) as a 2-D array."""
+        """Contexts ``indices`` (manifest order, negative counts from the end) as a 2-D array of
+        ``dtype`` (default: the cache's); ``ConfigError`` if it cannot hold the cache's ids."""
         n = len(self)
         idx = []
         for i in indices:

@@ -388,6 +388,9 @@ impl Cache {
     pub fn read_many<T: Id>(&self, locs: &[(u64, u64)], out: &mut [MaybeUninit<T>]) -> Result<()> {
         let seqlen = self.seqlen();
         debug_assert_eq!(out.len(), locs.len() * seqlen);
+        if std::mem::size_of::<T>() < self.meta.dtype.size() {
+            return Err(Error::Config("dtype uint16 cannot hold the ids of a uint32 cache".into()));
+        }
         let mut order: Vec<(u64, u64, u32)> = locs.iter().zip(0..).map(|(&(c, i), j)| (c, i, j)).collect();
         order.sort_by_key(|&(c, _, _)| c);
         // Each chunk's mapping, and its rows' range of `order`.
