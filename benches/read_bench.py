@@ -57,19 +57,33 @@ def timed(batches: Iterator[np.ndarray], tokens: int) -> Tuple[float, float]:
 
 
 def measure(
-    name: str, make: Callable[[], Iterator[np.ndarray]], tokens: int, runs: int, results: Dict, cold=None
+    name: str,
+    make: Callable[[], Iterator[np.ndarray]],
+    tokens: int,
+    runs: int,
+    results: Dict,
+    cold=None,
+    yardstick: Optional[Callable[[], Iterator[np.ndarray]]] = None,
 ) -> None:
     """Median over `runs` runs of `tokens` tokens each; `cold()` before each run, or (warm) one
-    untimed pass first."""
+    untimed pass first. With a `yardstick`, it runs just before each run too, and the ratio to it
+    is the median of the runs' ratios: the machine's memory bandwidth moves between runs as
+    much as the ratio the issue asks for."""
     if cold is None:
         timed(make(), tokens)
-    got = []
+    got, ratios = [], []
     for _ in range(runs):
+        ref = timed(yardstick(), tokens) if yardstick is not None else None
         if cold is not None:
             cold()
         got.append(timed(make(), tokens))
+        if ref is not None:
+            ratios.append((got[-1][0] / ref[0], got[-1][1] / ref[1]))
     wall, cpu = statistics.median(g[0] for g in got), statistics.median(g[1] for g in got)
     results[name] = {"mtok_per_s": wall, "mtok_per_cpu_s": cpu, "runs": [list(g) for g in got]}
+    if ratios:
+        results[name]["vs_copy_paired"] = statistics.median(r[0] for r in ratios)
+        results[name]["vs_copy_paired_cpu"] = statistics.median(r[1] for r in ratios)
     print(f"  {name:<46}{wall:>9.0f} Mtok/s {cpu:>9.0f} per CPU-s", flush=True)
 
 
@@ -79,23 +93,35 @@ def endless(make: Callable[[], Iterator[np.ndarray]]) -> Iterator[np.ndarray]:
         yield from make()
 
 
-def bench_copy(contexts: np.ndarray, batch: int, dtype: str, tokens: int, runs: int, results: Dict) -> None:
+def copy_batches(contexts: np.ndarray, batch: int, dtype: str) -> Iterator[np.ndarray]:
     """The yardstick: the same tokens, already in memory, copied batch by batch into a new array
     of the output dtype (what any reader has to do at least once)."""
+    k = 0
+    while True:
+        lo = (k * batch) % (len(contexts) - batch + 1)
+        yield contexts[lo : lo + batch].astype(dtype)
+        k += 1
 
-    def run():
-        k = 0
-        while True:
-            lo = (k * batch) % (len(contexts) - batch + 1)
-            yield contexts[lo : lo + batch].astype(dtype)
-            k += 1
 
-    measure(f"numpy copy -> {dtype}", run, tokens, runs, results)
+def bench_copy(contexts: np.ndarray, batch: int, dtype: str, tokens: int, runs: int, results: Dict) -> None:
+    measure(f"numpy copy -> {dtype}", lambda: copy_batches(contexts, batch, dtype), tokens, runs, results)
 
 
 def bench_tokshuf(
-    caches: Dict[str, tokshuf.Cache], batch: int, dtype: str, tokens: int, runs: int, results: Dict
+    caches: Dict[str, tokshuf.Cache],
+    contexts: np.ndarray,
+    batch: int,
+    dtype: str,
+    tokens: int,
+    runs: int,
+    results: Dict,
 ) -> None:
+    """Every format, endless and single pass, 1 and 2 read threads, each run paired with a run of
+    the NumPy copy (`copy_batches`)."""
+
+    def copy():
+        return copy_batches(contexts, batch, dtype)
+
     for fmt, cache in caches.items():
         for threads in (1, 2):
             for single in (False, True):
@@ -116,7 +142,7 @@ def bench_tokshuf(
                     return endless(reader) if single else reader()
 
                 what = "single pass" if single else "endless"
-                measure(f"tokshuf {fmt} {what} {dtype} t={threads}", run, tokens, runs, results)
+                measure(f"tokshuf {fmt} {what} {dtype} t={threads}", run, tokens, runs, results, yardstick=copy)
         run = lambda cache=cache: tokshuf.Reader(cache, batch_size=batch, dtype=dtype, threads=2, prefetch=4)  # noqa: E731
         measure(
             f"tokshuf {fmt} endless {dtype} t=2 cold",
@@ -125,6 +151,7 @@ def bench_tokshuf(
             runs,
             results,
             cold=lambda c=cache: drop_page_cache(c),
+            yardstick=copy,
         )
 
 
@@ -388,7 +415,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         for dtype in args.dtypes.split(","):
             print(f"throughput, {dtype} batches (median of {args.runs}; warm unless marked cold):")
             bench_copy(contexts, args.batch_size, dtype, tokens, args.runs, results)
-            bench_tokshuf(caches, args.batch_size, dtype, tokens, args.runs, results)
+            bench_tokshuf(caches, contexts, args.batch_size, dtype, tokens, args.runs, results)
         print("other loaders, same contexts:")
         for fmt in ("npy", "blocks"):
             if fmt in caches:
@@ -396,15 +423,20 @@ def main(argv: Optional[List[str]] = None) -> int:
         bench_streaming(contexts, args.batch_size, tokens, args.runs, results, tmp)
         bench_litdata(contexts, args.batch_size, tokens, args.runs, results, tmp)
         bench_blend(first, args.batch_size, tokens, args.runs, results)
-        print("ratios (wall, then per CPU-s):")
+        print("ratios to the NumPy copy (wall, then per CPU-s; tokshuf's: the median of the ratios of runs paired with")
+        print("a copy run; the others: to the copy's own median):")
         for name, v in results.items():
             if isinstance(v, dict) and "mtok_per_s" in v and not name.startswith("numpy"):
                 dtype = next((d for d in ("int64", "int32", "uint32") if d in name), "uint16")
                 ref = results.get(f"numpy copy -> {dtype}")
-                if ref:
+                if "vs_copy_paired" in v:
+                    v["vs_copy"], v["vs_copy_cpu"] = v["vs_copy_paired"], v["vs_copy_paired_cpu"]
+                elif ref:
                     v["vs_copy"] = v["mtok_per_s"] / ref["mtok_per_s"]
                     v["vs_copy_cpu"] = v["mtok_per_cpu_s"] / ref["mtok_per_cpu_s"]
-                    print(f"  {name:<46}{v['vs_copy']:>7.2f}x copy {v['vs_copy_cpu']:>7.2f}x", flush=True)
+                else:
+                    continue
+                print(f"  {name:<46}{v['vs_copy']:>7.2f}x copy {v['vs_copy_cpu']:>7.2f}x", flush=True)
         print("seek:")
         bench_seek(first, args.batch_size, results)
         if args.open_chunks > 0:
