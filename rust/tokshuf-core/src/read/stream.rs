@@ -28,7 +28,8 @@ pub(super) fn available() -> bool {
 
 /// Write the little-endian ids `raw` (each `src_size` bytes) zero-extended into `out`, as many
 /// as it holds, streaming its whole lines. Call `fence` before another thread reads `out`.
-/// `available()` must be true.
+/// `available()` must be true, and `T` at least `src_size` bytes wide (`Cache::read_many`
+/// refuses narrower outputs).
 pub(super) fn copy<T>(src_size: usize, raw: &[u8], out: &mut [MaybeUninit<T>]) {
     #[cfg(target_arch = "x86_64")]
     {
