@@ -13,14 +13,12 @@
 use std::mem::MaybeUninit;
 
 use super::members::{copy_ids, Id};
-use super::stream;
+use super::stream::{self, LINE};
 use crate::format::Dtype;
 
 /// How far ahead of the copy the prefetches run, in bytes of rows (a few rows of a typical
 /// context, well inside L2).
 const PREFETCH_AHEAD: usize = 16 << 10;
-
-const LINE: usize = 64;
 
 /// Batches of at least this many bytes are written with streaming stores (`stream.rs`): the
 /// few a read-ahead keeps in flight no longer stay in the last-level cache, so plain stores
@@ -63,7 +61,7 @@ pub(super) fn copy_rows<T: Id>(dtype: Dtype, rows: &mut [(&[u8], &mut [MaybeUnin
         }
         let (src, row) = &mut rows[k];
         if streamed {
-            stream::copy(dtype.size(), src, row);
+            stream::copy(dtype, src, row);
         } else {
             copy_ids(dtype, src, row);
         }
