@@ -1,6 +1,8 @@
 """Reader benchmarks (issues 3 and 16): tokens/s delivered as NumPy batches by tokshuf's Reader
 (every member format, endless and single pass, 1 and 2 threads, page cache warm and cold)
-against a plain NumPy copy of the same tokens into the output dtype, stock webdataset on the
+against a plain NumPy copy of the same tokens into the output dtype (and, to show what that
+yardstick leaves out, the same copy into 5 arrays in turn and a NumPy gather of random rows),
+stock webdataset on the
 same tars, and mosaicml-streaming (MDS) and litdata's TokensLoader on the same contexts (when
 installed); bytes per token of each format; a blend; seek time to step 1 and 10^9; the time to
 open a cache of 100,000 chunks in a fresh process.
@@ -103,8 +105,40 @@ def copy_batches(contexts: np.ndarray, batch: int, dtype: str) -> Iterator[np.nd
         k += 1
 
 
+def copy_rotating(contexts: np.ndarray, batch: int, dtype: str, buffers: int) -> Iterator[np.ndarray]:
+    """The copy into `buffers` output arrays in turn: a reader that hands batches to the
+    consumer from a read-ahead thread has several in flight (a one-thread Reader with
+    prefetch=2 keeps 5), so they cannot all stay in cache as `copy_batches`' one array does."""
+    out = [np.empty((batch, contexts.shape[1]), dtype=dtype) for _ in range(buffers)]
+    k = 0
+    while True:
+        lo = (k * batch) % (len(contexts) - batch + 1)
+        np.copyto(out[k % buffers], contexts[lo : lo + batch], casting="unsafe")
+        yield out[k % buffers]
+        k += 1
+
+
+def gather_random(contexts: np.ndarray, batch: int, dtype: str) -> Iterator[np.ndarray]:
+    """NumPy gathering `batch` random rows into the output dtype: the access pattern of an
+    endless reader's shuffled epochs, from memory instead of the page cache."""
+    rng = np.random.default_rng(0)
+    while True:
+        yield contexts[rng.integers(0, len(contexts), batch)].astype(dtype)
+
+
 def bench_copy(contexts: np.ndarray, batch: int, dtype: str, tokens: int, runs: int, results: Dict) -> None:
+    """The yardstick, then two copies that show what it leaves out (not used in the ratios)."""
     measure(f"numpy copy -> {dtype}", lambda: copy_batches(contexts, batch, dtype), tokens, runs, results)
+    measure(
+        f"numpy copy -> {dtype}, 5 buffers in turn",
+        lambda: copy_rotating(contexts, batch, dtype, 5),
+        tokens,
+        runs,
+        results,
+    )
+    measure(
+        f"numpy gather of random rows -> {dtype}", lambda: gather_random(contexts, batch, dtype), tokens, runs, results
+    )
 
 
 def bench_tokshuf(
