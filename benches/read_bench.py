@@ -2,10 +2,9 @@
 (every member format, endless and single pass, 1 and 2 threads, page cache warm and cold)
 against a plain NumPy copy of the same tokens into the output dtype (and, to show what that
 yardstick leaves out, the same copy into 5 arrays in turn and a NumPy gather of random rows),
-stock webdataset on the
-same tars, and mosaicml-streaming (MDS) and litdata's TokensLoader on the same contexts (when
-installed); bytes per token of each format; a blend; seek time to step 1 and 10^9; the time to
-open a cache of 100,000 chunks in a fresh process.
+stock webdataset on the same tars, and mosaicml-streaming (MDS) and litdata's TokensLoader on
+the same contexts (when installed); bytes per token of each format; a blend; seek time to step
+1 and 10^9; the time to open a cache of 100,000 chunks in a fresh process.
 
     python -m benches.read_bench --build CORPUS_DIR --out /tmp/bench   # builds every format
     python -m benches.read_bench --cache CACHE                         # one existing cache
