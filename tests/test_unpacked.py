@@ -225,6 +225,14 @@ def test_what_does_not_apply_is_refused(cache_dir):
         tokshuf.Blend([(cache_dir, 1.0)])
 
 
+def test_uint16_batches_of_a_uint32_cache_are_refused(tmp_path):
+    out = tmp_path / "cache"
+    build(corpus(tmp_path / "in"), out, **{**OPTS, "tokenizer": "tiktoken:cl100k_base"})
+    assert json.loads((out / "tokshuf.json").read_text())["dtype"] == "uint32"
+    with pytest.raises(tokshuf.ConfigError, match="uint16 cannot hold"):
+        tokshuf.Reader(out, batch_size=8, dtype="uint16")
+
+
 @pytest.mark.parametrize(
     "opts, match",
     [

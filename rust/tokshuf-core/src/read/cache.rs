@@ -89,6 +89,15 @@ impl std::fmt::Debug for Cache {
     }
 }
 
+/// Refuse output elements of `out_bytes` that are narrower than the ids of a `dtype` cache
+/// (uint16 batches of a uint32 cache), where every copy would silently truncate them.
+pub(crate) fn holds_ids(out_bytes: usize, dtype: crate::format::Dtype) -> Result<()> {
+    if out_bytes < dtype.size() {
+        return Err(Error::Config("dtype uint16 cannot hold the ids of a uint32 cache".into()));
+    }
+    Ok(())
+}
+
 impl Cache {
     pub fn open(root: &Path) -> Result<Cache> {
         Self::open_with(root, true)
@@ -388,9 +397,7 @@ impl Cache {
     pub fn read_many<T: Id>(&self, locs: &[(u64, u64)], out: &mut [MaybeUninit<T>]) -> Result<()> {
         let seqlen = self.seqlen();
         debug_assert_eq!(out.len(), locs.len() * seqlen);
-        if std::mem::size_of::<T>() < self.meta.dtype.size() {
-            return Err(Error::Config("dtype uint16 cannot hold the ids of a uint32 cache".into()));
-        }
+        holds_ids(std::mem::size_of::<T>(), self.meta.dtype)?;
         let mut order: Vec<(u64, u64, u32)> = locs.iter().zip(0..).map(|(&(c, i), j)| (c, i, j)).collect();
         order.sort_by_key(|&(c, _, _)| c);
         // Each chunk's mapping, and its rows' range of `order`.

@@ -14,7 +14,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError};
 
 use super::buffers::{BufferPool, Element, Reservation};
 use crate::error::{Error, Result};
-use crate::read::cache::{Cache, Id};
+use crate::read::cache::{holds_ids, Cache, Id};
 use crate::read::order::{Loc, Source};
 
 /// Element type of the batches handed out.
@@ -116,8 +116,8 @@ impl BatchSpec {
         if batch_size == 0 || batch_size % world_size != 0 {
             return Err(Error::Config(format!("batch_size {batch_size} must be a positive multiple of world_size {world_size}")));
         }
-        if dtype == OutDtype::U16 && caches.iter().any(|c| c.meta.dtype == crate::format::Dtype::Uint32) {
-            return Err(Error::Config("dtype uint16 cannot hold the ids of a uint32 cache".into()));
+        for c in &caches {
+            holds_ids(dtype.size(), c.meta.dtype)?;
         }
         let end = source.num_examples().map(|n| end_of(n, batch_size, drop_last));
         let end_pending = source.len_pending();
@@ -348,6 +348,17 @@ impl<A: Assemble> Drop for Prefetcher<A> {
         }
         // Workers notice the flag or the closed channel after at most one batch, and exit.
         self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+impl OutDtype {
+    /// Bytes of one element.
+    pub fn size(self) -> usize {
+        match self {
+            OutDtype::U16 => 2,
+            OutDtype::U32 | OutDtype::I32 => 4,
+            OutDtype::I64 => 8,
+        }
     }
 }
 

@@ -197,9 +197,7 @@ impl UnpackedSpec {
         if opts.ideal_readers == 0 {
             return Err(Error::Config("ideal_readers must be positive".into()));
         }
-        if dtype == OutDtype::U16 && cache.meta.dtype == format::Dtype::Uint32 {
-            return Err(Error::Config("dtype uint16 cannot hold the ids of a uint32 cache".into()));
-        }
+        super::cache::holds_ids(dtype.size(), cache.meta.dtype)?;
         let drawn: Vec<usize> = (0..cache.bins.len()).filter(|&k| cache.infos[k].num_examples > 0).collect();
         if drawn.is_empty() {
             return Err(Error::Config(format!("{}: cache holds no examples", cache.root.display())));
