@@ -94,14 +94,19 @@ def endless(make: Callable[[], Iterator[np.ndarray]]) -> Iterator[np.ndarray]:
         yield from make()
 
 
-def copy_batches(contexts: np.ndarray, batch: int, dtype: str) -> Iterator[np.ndarray]:
-    """The yardstick: the same tokens, already in memory, copied batch by batch into a new array
-    of the output dtype (what any reader has to do at least once)."""
+def source_batches(contexts: np.ndarray, batch: int) -> Iterator[np.ndarray]:
+    """Consecutive batches of `contexts`, round and round."""
     k = 0
     while True:
         lo = (k * batch) % (len(contexts) - batch + 1)
-        yield contexts[lo : lo + batch].astype(dtype)
+        yield contexts[lo : lo + batch]
         k += 1
+
+
+def copy_batches(contexts: np.ndarray, batch: int, dtype: str) -> Iterator[np.ndarray]:
+    """The yardstick: the same tokens, already in memory, copied batch by batch into a new array
+    of the output dtype (what any reader has to do at least once)."""
+    return (b.astype(dtype) for b in source_batches(contexts, batch))
 
 
 def copy_rotating(contexts: np.ndarray, batch: int, dtype: str, buffers: int) -> Iterator[np.ndarray]:
@@ -109,12 +114,9 @@ def copy_rotating(contexts: np.ndarray, batch: int, dtype: str, buffers: int) ->
     consumer from a read-ahead thread has several in flight (a one-thread Reader with
     prefetch=2 keeps 5), so they cannot all stay in cache as `copy_batches`' one array does."""
     out = [np.empty((batch, contexts.shape[1]), dtype=dtype) for _ in range(buffers)]
-    k = 0
-    while True:
-        lo = (k * batch) % (len(contexts) - batch + 1)
-        np.copyto(out[k % buffers], contexts[lo : lo + batch], casting="unsafe")
+    for k, b in enumerate(source_batches(contexts, batch)):
+        np.copyto(out[k % buffers], b, casting="unsafe")
         yield out[k % buffers]
-        k += 1
 
 
 def gather_random(contexts: np.ndarray, batch: int, dtype: str) -> Iterator[np.ndarray]:
