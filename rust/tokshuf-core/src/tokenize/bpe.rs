@@ -39,26 +39,40 @@ impl TokenList {
     }
 }
 
-/// Parse a `.tiktoken` file: one `base64(token) rank` per line. Bytes, not `str` methods: a
-/// char search per line was a tenth of loading an encoding.
-pub fn parse_token_list(data: &[u8]) -> Result<TokenList> {
-    let lines = memchr::memchr_iter(b'\n', data).count() + 1;
-    let mut list = TokenList { bytes: Vec::with_capacity(data.len() * 3 / 4), spans: Vec::with_capacity(lines) };
-    for (i, line) in data.split(|&b| b == b'\n').enumerate() {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        if line.is_empty() {
-            continue;
+/// The tokens `build.rs` embeds: each rank's token as a length byte and its bytes, a zero
+/// length for a rank without a token.
+pub fn parse_embedded(data: &[u8]) -> TokenList {
+    let mut list = TokenList { bytes: Vec::with_capacity(data.len()), spans: Vec::new() };
+    let (mut at, mut rank) = (0, 0u32);
+    while let Some(&n) = data.get(at) {
+        let Some(token) = data.get(at + 1..at + 1 + n as usize) else { break };
+        if n > 0 {
+            let start = list.bytes.len() as u32;
+            list.bytes.extend_from_slice(token);
+            list.spans.push((start, start + n as u32, rank));
         }
-        let bad = || Error::Tokenizer(format!("tiktoken file line {}: expected 'BASE64 RANK'", i + 1));
-        let space = line.iter().position(|&b| b == b' ').ok_or_else(bad)?;
-        let rank = parse_rank(line[space + 1..].trim_ascii()).ok_or_else(bad)?;
-        let start = list.bytes.len();
-        base64_decode_into(&line[..space], &mut list.bytes).ok_or_else(bad)?;
-        let end = list.bytes.len();
-        let span = (u32::try_from(start).map_err(|_| bad())?, u32::try_from(end).map_err(|_| bad())?, rank);
-        list.spans.push(span);
+        at += 1 + n as usize;
+        rank += 1;
     }
-    Ok(list)
+    list
+}
+
+/// `list` as a `.tiktoken` file: `base64(token) rank` a line, in list order.
+pub fn tiktoken_text(list: &TokenList) -> Vec<u8> {
+    const DIGITS: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = Vec::with_capacity(list.bytes.len() * 2);
+    for (token, rank) in list.iter() {
+        for chunk in token.chunks(3) {
+            let n = chunk.iter().enumerate().fold(0u32, |acc, (i, &b)| acc | (b as u32) << (16 - 8 * i));
+            for k in 0..4 {
+                out.push(if k <= chunk.len() { DIGITS[(n >> (18 - 6 * k)) as usize & 63] } else { b'=' });
+            }
+        }
+        out.push(b' ');
+        out.extend_from_slice(rank.to_string().as_bytes());
+        out.push(b'\n');
+    }
+    out
 }
 
 /// The rank of every token (a later line for the same bytes wins, as in tiktoken's dict).
@@ -69,65 +83,6 @@ pub fn ranks_of(list: &TokenList) -> Ranks {
         ranks.insert(tok.to_vec(), rank);
     }
     ranks
-}
-
-#[cfg(test)]
-fn base64_decode(s: &str) -> Option<Vec<u8>> {
-    let mut out = Vec::new();
-    base64_decode_into(s.as_bytes(), &mut out)?;
-    Some(out)
-}
-
-/// Decimal digits, nothing else.
-fn parse_rank(s: &[u8]) -> Option<u32> {
-    if s.is_empty() {
-        return None;
-    }
-    s.iter().try_fold(0u32, |n, &c| if c.is_ascii_digit() { n.checked_mul(10)?.checked_add((c - b'0') as u32) } else { None })
-}
-
-/// The value of each base64 digit; 0xFF: not one.
-const BASE64: [u8; 256] = {
-    let digits = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut t = [0xFF; 256];
-    let mut i = 0;
-    while i < 64 {
-        t[digits[i] as usize] = i as u8;
-        i += 1;
-    }
-    t
-};
-
-/// Append the bytes of base64 `s` to `out`.
-fn base64_decode_into(s: &[u8], out: &mut Vec<u8>) -> Option<()> {
-    let s = &s[..s.iter().rposition(|&c| c != b'=').map_or(0, |i| i + 1)];
-    for chunk in s.chunks(4) {
-        let (mut acc, mut any_bad) = (0u32, 0u8);
-        for (i, &c) in chunk.iter().enumerate() {
-            let v = BASE64[c as usize];
-            any_bad |= v;
-            acc |= (v as u32) << (18 - 6 * i);
-        }
-        if any_bad >= 64 {
-            return None;
-        }
-        let bytes = acc.to_be_bytes();
-        out.extend_from_slice(&bytes[1..chunk.len()]);
-    }
-    Some(())
-}
-
-/// Decompress embedded gzip data, in one call into a buffer of the size its trailer gives.
-pub fn gunzip(data: &[u8]) -> Result<Vec<u8>> {
-    let damaged = |e: &dyn std::fmt::Display| Error::Tokenizer(format!("embedded tokenizer data is damaged: {e}"));
-    let size = match data.len().checked_sub(4) {
-        Some(at) => u32::from_le_bytes([data[at], data[at + 1], data[at + 2], data[at + 3]]) as usize,
-        None => return Err(damaged(&"too short")),
-    };
-    let mut out = vec![0; size];
-    let n = libdeflater::Decompressor::new().gzip_decompress(data, &mut out).map_err(|e| damaged(&e))?;
-    out.truncate(n);
-    Ok(out)
 }
 
 /// Above this many bytes a piece is merged with the heap instead of the quadratic scan.
@@ -286,21 +241,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn base64_roundtrip() {
-        assert_eq!(base64_decode("IQ==").unwrap(), b"!");
-        assert_eq!(base64_decode("aGVsbG8=").unwrap(), b"hello");
-        assert_eq!(base64_decode("aGVs").unwrap(), b"hel");
-        assert_eq!(base64_decode("a-Vs"), None);
-    }
-
-    #[test]
-    fn token_list_lines() {
-        let list = parse_token_list(b"IQ== 5\r\naGVs 7 \n\n").unwrap();
-        assert_eq!(list.iter().collect::<Vec<_>>(), [(&b"!"[..], 5), (&b"hel"[..], 7)]);
-        for bad in [&b"IQ== x\n"[..], b"IQ==5\n", b"IQ== 4294967296\n", b"I*== 1\n", b"IQ== \n"] {
-            let e = parse_token_list(bad).err().unwrap().to_string();
-            assert!(e.contains("line 1: expected 'BASE64 RANK'"), "{e}");
-        }
+    fn embedded_tokens_and_their_text() {
+        // Ranks 0 and 2: "!" and "hel"; rank 1 has no token.
+        let list = parse_embedded(&[1, b'!', 0, 3, b'h', b'e', b'l']);
+        assert_eq!(list.iter().collect::<Vec<_>>(), [(&b"!"[..], 0), (&b"hel"[..], 2)]);
+        assert_eq!(tiktoken_text(&list), b"IQ== 0\naGVs 2\n");
+        // A truncated last token is left out rather than read past the end.
+        assert_eq!(parse_embedded(&[1, b'!', 4, b'a']).len(), 1);
     }
 
     #[test]

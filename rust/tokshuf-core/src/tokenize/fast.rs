@@ -20,8 +20,8 @@
 //! - Little fixed cost per build, which matters below a few GB: the class table is read
 //!   from regex-syntax rather than scanned (on another thread while the model loads), and
 //!   the table of characters NFC never changes built only for an NFC normalizer (`nfc.rs`);
-//!   tiktoken ranks are inflated in one call, parsed as bytes into one buffer, their hash
-//!   recorded rather than computed, and the reference merge only built if used; a
+//!   tiktoken ranks are embedded already decoded (`build.rs`), their hash recorded rather
+//!   than computed, and the reference's merge and regex only built if used; a
 //!   tokenizer.json is read in one pass into typed structs, its strings borrowed from the
 //!   file (`hf_json.rs`), and the `tokenizers` crate loaded only if the reference is used;
 //!   nothing on the build path imports NumPy (whose OpenBLAS threads spin at import).

@@ -1,9 +1,9 @@
 //! Tokenizers by spec string (DESIGN §4) behind one small trait, so that a faster exact
 //! backend can replace one without touching the pipeline.
 //!
-//! - `tiktoken:{r50k,p50k,cl100k,o200k}_base`: embedded ranks (gzip in `data/`), tiktoken's
-//!   pre-tokenizer regex, our own merge (see `bpe.rs`). Ids equal Python tiktoken's
-//!   `encode_ordinary`, so special-token strings in text are ordinary text.
+//! - `tiktoken:{r50k,p50k,cl100k,o200k}_base`: embedded ranks (`data/`, decoded by
+//!   `build.rs`), tiktoken's pre-tokenizer regex, our own merge (see `bpe.rs`). Ids equal
+//!   Python tiktoken's `encode_ordinary`, so special-token strings in text are ordinary text.
 //! - a `tokenizer.json` path (or a folder holding one), or `hf:ORG/NAME` from the local
 //!   Hugging Face cache: the `tokenizers` crate with `encode_special_tokens = true` and no
 //!   added special tokens, i.e. Python's `encode(text, add_special_tokens=False)` with

@@ -164,28 +164,16 @@ impl RankBpe {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokenize::bpe::{parse_token_list, ranks_of, BytePairEncoder};
+    use crate::tokenize::bpe::{parse_embedded, ranks_of, BytePairEncoder};
 
-    fn b64(b: &[u8]) -> String {
-        const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-        b.chunks(3)
-            .flat_map(|c| {
-                let n = c.iter().enumerate().fold(0u32, |acc, (i, &x)| acc | (x as u32) << (16 - 8 * i));
-                (0..4).map(move |k| if k <= c.len() { A[(n >> (18 - 6 * k)) as usize & 63] as char } else { '=' })
-            })
-            .collect()
-    }
-
-    /// Every byte, then `tokens` ranked in order after them, as a `.tiktoken` file.
+    /// Every byte, then `tokens` ranked in order after them, as `build.rs` embeds a list.
     fn token_list(tokens: &[&str]) -> TokenList {
-        let mut file = String::new();
-        for b in 0..=255u8 {
-            file += &format!("{} {b}\n", b64(&[b]));
+        let mut data: Vec<u8> = (0..=255u8).flat_map(|b| [1, b]).collect();
+        for t in tokens {
+            data.push(t.len() as u8);
+            data.extend_from_slice(t.as_bytes());
         }
-        for (i, t) in tokens.iter().enumerate() {
-            file += &format!("{} {}\n", b64(t.as_bytes()), 256 + i);
-        }
-        parse_token_list(file.as_bytes()).unwrap()
+        parse_embedded(&data)
     }
 
     /// Same ids as the reference merge of `bpe.rs` on pieces of every length, through the
@@ -230,7 +218,7 @@ mod tests {
 
     #[test]
     fn a_missing_byte_is_an_error() {
-        let list = parse_token_list(format!("{} 0\n", b64(b"a")).as_bytes()).unwrap();
+        let list = parse_embedded(&[1, b'a']);
         assert_eq!(RankBpe::new(&list).err().unwrap(), "vocabulary lacks the single byte 0x00");
     }
 }

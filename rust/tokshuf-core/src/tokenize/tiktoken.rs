@@ -11,8 +11,9 @@ use super::{choose, Backend, Encoder, Tokenizer};
 use crate::error::{Error, Result};
 
 struct TiktokenSpec {
-    data: &'static [u8],
-    /// Of the decompressed file (the hashes tiktoken checks its downloads against): a
+    /// The ranks, as `build.rs` embeds them from `data/NAME.tiktoken.gz` (`bpe::parse_embedded`).
+    tokens: &'static [u8],
+    /// Of the published `.tiktoken` file (the hashes tiktoken checks its downloads against): a
     /// constant rather than computed at every load; a test checks it.
     sha256: &'static str,
     pattern: &'static str,
@@ -24,21 +25,21 @@ struct TiktokenSpec {
 fn tiktoken_spec(name: &str) -> Option<TiktokenSpec> {
     Some(match name {
         "r50k_base" | "gpt2" => TiktokenSpec {
-            data: include_bytes!("../../data/r50k_base.tiktoken.gz"),
+            tokens: include_bytes!(concat!(env!("OUT_DIR"), "/r50k_base.tokens")),
             sha256: "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930",
             pattern: R50K_PAT,
             ws: WsRule::R50k,
             specials: &[("<|endoftext|>", 50256)],
         },
         "p50k_base" => TiktokenSpec {
-            data: include_bytes!("../../data/p50k_base.tiktoken.gz"),
+            tokens: include_bytes!(concat!(env!("OUT_DIR"), "/p50k_base.tokens")),
             sha256: "94b5ca7dff4d00767bc256fdd1b27e5b17361d7b8a5f968547f9f23eb70d2069",
             pattern: R50K_PAT,
             ws: WsRule::R50k,
             specials: &[("<|endoftext|>", 50256)],
         },
         "cl100k_base" => TiktokenSpec {
-            data: include_bytes!("../../data/cl100k_base.tiktoken.gz"),
+            tokens: include_bytes!(concat!(env!("OUT_DIR"), "/cl100k_base.tokens")),
             sha256: "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
             pattern: CL100K_PAT,
             ws: WsRule::Cl100k,
@@ -51,7 +52,7 @@ fn tiktoken_spec(name: &str) -> Option<TiktokenSpec> {
             ],
         },
         "o200k_base" => TiktokenSpec {
-            data: include_bytes!("../../data/o200k_base.tiktoken.gz"),
+            tokens: include_bytes!(concat!(env!("OUT_DIR"), "/o200k_base.tokens")),
             sha256: "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
             pattern: O200K_PAT,
             ws: WsRule::O200k,
@@ -61,11 +62,10 @@ fn tiktoken_spec(name: &str) -> Option<TiktokenSpec> {
     })
 }
 
-/// The embedded `.tiktoken` file of an encoding (decompressed), for building the Python
-/// reference offline.
+/// The `.tiktoken` file of an embedded encoding, for building the Python reference offline.
 pub fn tiktoken_data(name: &str) -> Result<Vec<u8>> {
     let s = tiktoken_spec(name).ok_or_else(|| Error::Tokenizer(format!("unknown tiktoken encoding {name:?}")))?;
-    bpe::gunzip(s.data)
+    Ok(bpe::tiktoken_text(&bpe::parse_embedded(s.tokens)))
 }
 
 /// Names accepted after `tiktoken:`.
@@ -99,7 +99,10 @@ struct Tiktoken {
     list: Arc<TokenList>,
     /// The merge by ranks, built on first use: the fast backend needs none of it.
     bpe: OnceLock<std::result::Result<BytePairEncoder, String>>,
-    regex: fancy_regex::Regex,
+    pattern: &'static str,
+    /// The pattern compiled on first use, as the merge: the fast backend needs it only for a
+    /// document its scanner cannot split, and compiling took as long as building its tables.
+    regex: OnceLock<std::result::Result<fancy_regex::Regex, String>>,
     per_thread: Vec<OnceLock<fancy_regex::Regex>>,
     ws: WsRule,
     /// Bytes of each id, built on the first `decode` (builds never decode).
@@ -118,13 +121,15 @@ impl Tiktoken {
         bpe.as_ref().map_err(Clone::clone)
     }
 
-    fn regex(&self) -> &fancy_regex::Regex {
-        match rayon::current_thread_index() {
+    fn regex(&self) -> std::result::Result<&fancy_regex::Regex, String> {
+        let shared = self.regex.get_or_init(|| compile_pattern(self.pattern).map_err(|e| format!("bad pattern: {e}")));
+        let shared = shared.as_ref().map_err(Clone::clone)?;
+        Ok(match rayon::current_thread_index() {
             Some(i) if i < REGEX_SLOTS => {
-                self.per_thread[i].get_or_init(|| compile_pattern(self.regex.as_str()).unwrap_or_else(|_| self.regex.clone()))
+                self.per_thread[i].get_or_init(|| compile_pattern(self.pattern).unwrap_or_else(|_| shared.clone()))
             }
-            _ => &self.regex,
-        }
+            _ => shared,
+        })
     }
 
     /// The piece (its length in bytes) the pattern matches at `pos` when a whitespace run of
@@ -188,7 +193,7 @@ impl Encoder for Tiktoken {
                     continue;
                 }
             }
-            let m = match self.regex().find_from_pos(text, pos) {
+            let m = match self.regex()?.find_from_pos(text, pos) {
                 Ok(Some(m)) => m,
                 Ok(None) => break,
                 Err(e) => return Err(format!("tokenizer regex failed: {e}")),
@@ -232,8 +237,8 @@ pub(super) fn load_tiktoken(spec: &str, name: &str, backend: Backend) -> Result<
         if backend != Backend::Reference {
             sc.spawn(crate::tokenize::pretok::CharClasses::shared);
         }
-        bpe::parse_token_list(&bpe::gunzip(s.data)?)
-    })?;
+        bpe::parse_embedded(s.tokens)
+    });
     let mut single = [false; 256];
     for (tok, _) in list.iter().filter(|(t, _)| t.len() == 1) {
         single[tok[0] as usize] = true;
@@ -245,14 +250,14 @@ pub(super) fn load_tiktoken(spec: &str, name: &str, backend: Backend) -> Result<
     let max_rank = list.max_rank().unwrap_or(0);
     let max_special = s.specials.iter().map(|&(_, id)| id).max().unwrap_or(0);
     let vocab_size = max_rank.max(max_special) + 1;
-    let regex = compile_pattern(s.pattern).map_err(|e| Error::Tokenizer(format!("{spec}: bad pattern: {e}")))?;
     let per_thread = (0..REGEX_SLOTS).map(|_| OnceLock::new()).collect();
     let eot = s.specials[0].1;
     let list = Arc::new(list);
     let reference: Arc<dyn Encoder> = Arc::new(Tiktoken {
         list: list.clone(),
         bpe: OnceLock::new(),
-        regex,
+        pattern: s.pattern,
+        regex: OnceLock::new(),
         per_thread,
         ws: s.ws,
         decoder: OnceLock::new(),
@@ -271,12 +276,13 @@ mod tests {
 
     use super::*;
 
-    /// The recorded hashes are those of the embedded files, as decompressed at load.
+    /// The embedded ranks are exactly the published files: rebuilt as text, they have the
+    /// published hashes.
     #[test]
     fn embedded_files_have_their_recorded_hashes() {
         for name in TIKTOKEN_NAMES {
             let s = tiktoken_spec(name).unwrap();
-            assert_eq!(crate::format::hex(&Sha256::digest(bpe::gunzip(s.data).unwrap())), s.sha256, "{name}");
+            assert_eq!(crate::format::hex(&Sha256::digest(tiktoken_data(name).unwrap())), s.sha256, "{name}");
         }
     }
 }
