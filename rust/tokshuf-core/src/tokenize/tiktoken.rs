@@ -101,7 +101,8 @@ struct Tiktoken {
     bpe: OnceLock<std::result::Result<BytePairEncoder, String>>,
     pattern: &'static str,
     /// The pattern compiled on first use, as the merge: the fast backend needs it only for a
-    /// document its scanner cannot split, and compiling took as long as building its tables.
+    /// document its scanner cannot split, and compiling it took half as long as building the
+    /// fast backend's tables.
     regex: OnceLock<std::result::Result<fancy_regex::Regex, String>>,
     per_thread: Vec<OnceLock<fancy_regex::Regex>>,
     ws: WsRule,
