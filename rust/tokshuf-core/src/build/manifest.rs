@@ -25,8 +25,8 @@ pub struct Manifest {
 }
 
 enum Sink {
-    /// A local file, appended to (None once closed).
-    Append(Option<File>, PathBuf),
+    /// A local file, appended to (None once closed or once an append failed), and its length.
+    Append(Option<File>, PathBuf, u64),
     /// An object, replaced whole: `uploaded` lines are in the store, the last upload at `at`.
     Upload { uploaded: usize, at: Instant },
 }
@@ -43,12 +43,13 @@ impl Manifest {
             valid += 1;
         }
         lines.truncate(valid);
-        out.write(MANIFEST_NAME, &manifest_text(&lines), "manifest.jsonl[prefix]")?;
+        let text = manifest_text(&lines);
+        out.write(MANIFEST_NAME, &text, "manifest.jsonl[prefix]")?;
         let sink = match out.dir() {
             Some(dir) => {
                 let path = dir.join(MANIFEST_NAME);
                 let file = std::fs::OpenOptions::new().append(true).open(&path).map_err(|e| Error::io(&path, e))?;
-                Sink::Append(Some(file), path)
+                Sink::Append(Some(file), path, text.len() as u64)
             }
             None => Sink::Upload { uploaded: lines.len(), at: Instant::now() },
         };
@@ -66,10 +67,19 @@ impl Manifest {
         }
         if self.lines.len() > start {
             match &mut self.sink {
-                Sink::Append(file, path) => {
+                Sink::Append(file, path, len) => {
                     let data = manifest_text(&self.lines[start..]);
                     if let Some(f) = file.as_mut() {
-                        testhook::charge(data.len()).and_then(|_| f.write_all(&data)).map_err(|e| Error::io(&*path, e))?;
+                        if let Err(e) = testhook::charge(data.len()).and_then(|_| f.write_all(&data)) {
+                            // Lines that did not fit (a full disk): whatever part of them was
+                            // written is taken back and nothing more is appended, so a later
+                            // line (a build drains its chunks in flight after an error) cannot
+                            // follow a gap and the file stays a prefix of whole lines.
+                            let _ = f.set_len(*len);
+                            *file = None;
+                            return Err(Error::io(&*path, e));
+                        }
+                        *len += data.len() as u64;
                     }
                 }
                 Sink::Upload { .. } => self.upload(false)?,
@@ -93,7 +103,7 @@ impl Manifest {
     /// Stop appending (the final manifest is written whole by `steps::finalize`, so no torn
     /// line of any run can survive).
     pub fn close(&mut self) {
-        if let Sink::Append(file, _) = &mut self.sink {
+        if let Sink::Append(file, ..) = &mut self.sink {
             *file = None;
         }
     }
@@ -112,4 +122,33 @@ pub fn manifest_text(lines: &[ManifestLine]) -> Vec<u8> {
         text.push(b'\n');
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(chunk: u64) -> ManifestLine {
+        ManifestLine { shard: format::shard_stem(chunk), num_sequences: 1, num_tokens: None, bytes: None, sha256: None }
+    }
+
+    /// An append that fails (here: a handle that cannot write) leaves the file as it was, and
+    /// no later line is appended after the gap.
+    #[test]
+    fn a_failed_append_leaves_a_prefix_and_appends_no_more() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = Place::new(dir.path(), dir.path()).unwrap();
+        let mut m = Manifest::open(&out, true).unwrap();
+        m.add(0, line(0)).unwrap();
+        let path = dir.path().join(MANIFEST_NAME);
+        let before = std::fs::read(&path).unwrap();
+        assert_eq!(prefix(&before).len(), 1);
+        if let Sink::Append(file, ..) = &mut m.sink {
+            *file = Some(File::open(&path).unwrap());
+        }
+        assert!(m.add(1, line(1)).is_err());
+        assert!(matches!(m.sink, Sink::Append(None, ..)), "appending stops after a failure");
+        m.add(2, line(2)).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), before);
+    }
 }
