@@ -133,7 +133,13 @@ impl Watch for RemoteWatch {
             if end > 0 {
                 let path = self.mirror.join(MANIFEST_NAME);
                 let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&path).map_err(|e| Error::io(&path, e))?;
-                f.write_all(&text[..end]).map_err(|e| Error::io(&path, e))?;
+                if let Err(e) = f.write_all(&text[..end]) {
+                    // The mirror holds exactly the `manifest_off` bytes synced so far: a part
+                    // written before the error (a full disk) is taken back, so that the next
+                    // sync, which sends the same lines again, does not follow a torn line.
+                    let _ = f.set_len(st.manifest_off);
+                    return Err(Error::io(&path, e));
+                }
                 self.shards.add_lines(&text[..end], &path)?;
                 st.manifest_off += end as u64;
             }
