@@ -25,8 +25,8 @@ pub struct Manifest {
 }
 
 enum Sink {
-    /// A local file, appended to (None once closed or once an append failed), and its length.
-    Append(Option<File>, PathBuf, u64),
+    /// A local file, appended to (None once closed or once an append failed).
+    Append(Option<File>, PathBuf),
     /// An object, replaced whole: `uploaded` lines are in the store, the last upload at `at`.
     Upload { uploaded: usize, at: Instant },
 }
@@ -43,13 +43,12 @@ impl Manifest {
             valid += 1;
         }
         lines.truncate(valid);
-        let text = manifest_text(&lines);
-        out.write(MANIFEST_NAME, &text, "manifest.jsonl[prefix]")?;
+        out.write(MANIFEST_NAME, &manifest_text(&lines), "manifest.jsonl[prefix]")?;
         let sink = match out.dir() {
             Some(dir) => {
                 let path = dir.join(MANIFEST_NAME);
                 let file = std::fs::OpenOptions::new().append(true).open(&path).map_err(|e| Error::io(&path, e))?;
-                Sink::Append(Some(file), path, text.len() as u64)
+                Sink::Append(Some(file), path)
             }
             None => Sink::Upload { uploaded: lines.len(), at: Instant::now() },
         };
@@ -67,19 +66,19 @@ impl Manifest {
         }
         if self.lines.len() > start {
             match &mut self.sink {
-                Sink::Append(file, path, len) => {
+                Sink::Append(file, path) => {
                     let data = manifest_text(&self.lines[start..]);
                     if let Some(f) = file.as_mut() {
                         if let Err(e) = testhook::charge(data.len()).and_then(|_| f.write_all(&data)) {
                             // Lines that did not fit (a full disk): whatever part of them was
                             // written is taken back and nothing more is appended, so a later
                             // line (a build drains its chunks in flight after an error) cannot
-                            // follow a gap and the file stays a prefix of whole lines.
-                            let _ = f.set_len(*len);
+                            // follow a gap and the file stays a prefix of whole lines: the
+                            // lines listed before these.
+                            let _ = f.set_len(manifest_text(&self.lines[..start]).len() as u64);
                             *file = None;
                             return Err(Error::io(&*path, e));
                         }
-                        *len += data.len() as u64;
                     }
                 }
                 Sink::Upload { .. } => self.upload(false)?,

@@ -18,7 +18,7 @@
 //!   (`big_table.rs`); a merge requests the lines of the lookups its first rounds will make
 //!   before making them.
 //! - Little fixed cost per build, which matters below a few GB: the class table is read
-//!   from regex-syntax rather than scanned (on another thread while the model loads), and
+//!   from regex-syntax rather than scanned (beside a tokenizer.json's parse), and
 //!   the table of characters NFC never changes built only for an NFC normalizer (`nfc.rs`);
 //!   tiktoken ranks are embedded already decoded (`build.rs`), their hash recorded rather
 //!   than computed, and the reference's merge and regex only built if used; a

@@ -233,13 +233,7 @@ impl Encoder for Tiktoken {
 pub(super) fn load_tiktoken(spec: &str, name: &str, backend: Backend) -> Result<Tokenizer> {
     let s = tiktoken_spec(name)
         .ok_or_else(|| Error::Tokenizer(format!("unknown tiktoken encoding {name:?}; known: {}", TIKTOKEN_NAMES.join(", "))))?;
-    // The fast backend's class table is built beside the ranks.
-    let list = std::thread::scope(|sc| {
-        if backend != Backend::Reference {
-            sc.spawn(crate::tokenize::pretok::CharClasses::shared);
-        }
-        bpe::parse_embedded(s.tokens)
-    });
+    let list = bpe::parse_embedded(s.tokens);
     let mut single = [false; 256];
     for (tok, _) in list.iter().filter(|(t, _)| t.len() == 1) {
         single[tok[0] as usize] = true;
