@@ -260,6 +260,7 @@ def test_real_cache(small_corpus, tmp_path):
         ("w-1", "finite and > 0"),
         ("wnan", "finite and > 0"),
         ("winf", "finite and > 0"),
+        ("whuge", "too large for a float"),
         ("wstr", "must be a number"),
         ("wbool", "must be a number"),
         ("seqlen", "seqlen 64 vs 128"),
@@ -274,7 +275,7 @@ def test_real_cache(small_corpus, tmp_path):
 )
 def test_config_errors(tmp_path, bad, match):
     a = fake_cache(tmp_path, "a", 10)
-    weights = {"w0": 0, "w-1": -1.0, "wnan": float("nan"), "winf": float("inf"), "wstr": "1", "wbool": True}
+    weights = {"w0": 0, "w-1": -1.0, "wnan": float("nan"), "winf": float("inf"), "whuge": 10**400, "wstr": "1", "wbool": True}
     kwargs = {}
     if bad == []:
         comps = []

@@ -172,9 +172,16 @@ def test_missing_folder_and_options(tmp_path, caches):
         dict(batch_size=4, rank=1),
         dict(batch_size=4, ideal_readers=0),
         dict(batch_size=4, dtype="float32"),
+        dict(batch_size=4, dtype=">i4"),  # batches are in the machine's byte order
+        dict(batch_size=2**64),
+        dict(batch_size=4, ideal_readers=2**64),
     ]:
         with pytest.raises(tokshuf.ConfigError):
             tokshuf.Reader(caches["npy"], **bad)
+    with pytest.raises(tokshuf.ConfigError, match="timeout"):
+        tokshuf.Cache(caches["npy"], follow=True, timeout="x")
+    with pytest.raises(TypeError):
+        tokshuf.Cache(caches["npy"])[1.5]
     d = write_cache(tmp_path / "big", [2], 2)
     meta = json.loads((d / "tokshuf.json").read_text())
     with pytest.raises(tokshuf.ConfigError):  # uint32 cache into uint16 batches
@@ -182,6 +189,32 @@ def test_missing_folder_and_options(tmp_path, caches):
     with pytest.raises(tokshuf.ConfigError, match="uint16 cannot hold"):  # and random access
         tokshuf.Cache(d).get_batch([0, 1], dtype="uint16")
     assert meta["dtype"] == "uint32"
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(batch_size=10**11, prefetch=0),  # one batch: terabytes
+        dict(batch_size=8, prefetch=2**40),  # the read-ahead: 2^40 batches
+        dict(batch_size=8, prefetch=4, threads=10**9),
+    ],
+)
+def test_requests_beyond_memory_are_refused_not_fatal(caches, kw):
+    # Left to the allocator these end the process (Rust aborts when an allocation fails):
+    # refused with a message instead, before anything is allocated.
+    with pytest.raises(tokshuf.ConfigError, match="more than this machine's memory"):
+        next(tokshuf.Reader(caches["npy"], **kw))
+
+
+def test_indices_beyond_the_range_are_config_errors(caches):
+    r = tokshuf.Reader(caches["npy"], batch_size=8)
+    for call in (lambda: r.batch_at(2**62), lambda: r.batch_at(2**59 + 3), lambda: r.locate(2**64)):
+        with pytest.raises(tokshuf.ConfigError):
+            call()
+    state = r.state_dict()
+    with pytest.raises(tokshuf.StateMismatchError):
+        r.load_state_dict({**state, "options": None})
+    assert np.array_equal(r.batch_at(1), tokshuf.Reader(caches["npy"], batch_size=8, start_step=1).__next__())
 
 
 # ---- seek and resume ---------------------------------------------------------------------
@@ -391,10 +424,9 @@ def test_cli_read_and_inspect(caches):
     assert out != cli("read", caches["npy"], "--batch-size", 4, "--steps", 3, "--rank", 0, "--world-size", 2)
     info = cli("inspect", caches["npy"], "-n", 1)
     assert "num_contexts" in info and "context 0" in info and "tiktoken:r50k_base" in info
-    p = subprocess.run(
-        [sys.executable, "-m", "tokshuf", "read", "/nonexistent", "--batch-size", "2"], capture_output=True, text=True
-    )
-    assert p.returncode == 1 and "tokshuf: error" in p.stderr
+    for args in (["/nonexistent", "--batch-size", "2"], [caches["npy"], "--batch-size", "4", "--steps", str(10**20)]):
+        p = subprocess.run([sys.executable, "-m", "tokshuf", "read", *map(str, args)], capture_output=True, text=True)
+        assert p.returncode == 1 and "tokshuf: error" in p.stderr and "Traceback" not in p.stderr
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -323,11 +323,21 @@ def test_crafted_manifest_values(cache, key, value):
         ("eot_id", 10**6),
         ("tokenizer", {"spec": "x", "vocab_size": 10**6}),
         ("num_tokens", 3),
+        ("ideal_readers", 0),
+        ("ideal_readers", "8"),
+        ("recipe", None),  # verify's own checks pass it: the reader's refuse it
     ],
 )
 def test_crafted_metadata(cache, key, value):
     edit_meta(cache, **{key: value})
     assert problems(cache)
+
+
+def test_what_the_reader_refuses_verify_reports(cache):
+    edit_meta(cache, recipe=[1])
+    with pytest.raises(tokshuf.CacheCorruptError, match="recipe"):
+        tokshuf.Cache(cache)
+    assert "the reader refuses it" in problems(cache) and "recipe" in problems(cache)
 
 
 def test_not_a_cache(tmp_path):

@@ -64,7 +64,10 @@ def _open_component(source: Any) -> Cache:
 def _check_weight(weight: Any, path: Path) -> float:
     if isinstance(weight, bool) or not isinstance(weight, numbers.Real):
         raise ConfigError(f"{path}: blend weight must be a number, not {weight!r}")
-    w = float(weight)
+    try:
+        w = float(weight)
+    except OverflowError:
+        raise ConfigError(f"{path}: blend weight is too large for a float (over 1.8e308)") from None
     if not (math.isfinite(w) and w > 0):
         raise ConfigError(f"{path}: blend weight must be finite and > 0, not {weight!r}")
     return w

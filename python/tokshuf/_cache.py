@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import numbers
+import operator
 import os
 from typing import Any, Dict, Iterable, List, Optional, Union
 
@@ -58,7 +60,7 @@ class Cache:
         self._path = os.fspath(path)
         self._check_files = bool(check_files)
         self._follow = bool(follow)
-        self._timeout = None if timeout is None else float(timeout)
+        self._timeout = None if timeout is None else _seconds("timeout", timeout)
         self._cache_dir = None if cache_dir is None else os.fspath(cache_dir)
         self._cache_limit = cache_limit
         self._inner = _core.Cache(
@@ -200,19 +202,30 @@ class Cache:
         if isinstance(key, slice):
             return self.get_batch(range(*key.indices(len(self))))
         try:
-            i = int(key)  # type: ignore[call-overload]
+            i = operator.index(key)  # integers only: 1.5 is an error, as for a list
         except TypeError:
             raise TypeError(f"Cache indices must be integers or slices, not {type(key).__name__}") from None
         return self.get_batch([i])[0]
+
+
+def _seconds(name: str, value: Any) -> float:
+    from .exceptions import ConfigError
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ConfigError(f"{name} must be a number of seconds, not {value!r}")
+    return float(value)
 
 
 def _dtype_name(dtype: Union[str, np.dtype, type]) -> str:
     from .exceptions import ConfigError
 
     try:
-        name = np.dtype(dtype).name
+        dt = np.dtype(dtype)
     except TypeError:
         raise ConfigError(f"dtype={dtype!r}: expected one of {DTYPES}") from None
+    name = dt.name
+    if not dt.isnative:
+        raise ConfigError(f"dtype={dtype!r}: batches are in the machine's byte order; ask for {name}")
     if name not in DTYPES:
         raise ConfigError(f"dtype={dtype!r}: expected one of {DTYPES}")
     return name

@@ -6,6 +6,7 @@ import argparse
 import hashlib
 import itertools
 import json
+import sys
 from typing import Any
 
 from ._cli_blend import add_blend_arguments, blend_from_args
@@ -74,8 +75,8 @@ def _cmd_read(args: argparse.Namespace) -> int:
     from .exceptions import ConfigError
 
     for name in ("steps", "start_step"):
-        if getattr(args, name) < 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, not {getattr(args, name)}")
+        if not 0 <= getattr(args, name) <= sys.maxsize:
+            raise ConfigError(f"--{name.replace('_', '-')} must be in [0, {sys.maxsize}], not {getattr(args, name)}")
     blend = blend_from_args(args, seed=args.seed)
     if (blend is None) == (args.cache is None):
         raise ConfigError("read: give either a cache folder or --blend PATH:WEIGHT ... (exactly one of them)")

@@ -33,8 +33,9 @@ def shift_targets(batch: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
 
 
 def _int(name: str, value: Any, lo: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo:
-        raise ConfigError(f"{name} must be an integer >= {lo}, not {value!r}")
+    # Every count and index goes to the core as a u64.
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not lo <= value < 2**64:
+        raise ConfigError(f"{name} must be an integer in [{lo}, 2**64), not {value!r}")
     return int(value)
 
 
@@ -165,8 +166,6 @@ class Reader:
                 )
             seed = self._source.seed
         self._seed = _int("seed", 0 if seed is None else seed, 0)
-        if self._seed >= 2**64:
-            raise ConfigError(f"seed must be in [0, 2**64), not {seed!r}")
         if ideal_readers is None:
             ideal_readers = self._source.ideal_readers
         self._ideal_readers = _int("ideal_readers", ideal_readers, 1)
@@ -345,6 +344,8 @@ class Reader:
     def batch_at(self, step: int) -> np.ndarray:
         """This rank's slice of global batch ``step`` (random access; the position is unchanged)."""
         first = _int("step", step, 0) * self._batch_size
+        if first + self._batch_size > _MAX_EXAMPLE:
+            raise ConfigError(f"step {step} starts at example {first}, beyond the supported range (2**62)")
         return self._wrap(self._core.batch(first))
 
     def locate(self, example: int) -> Tuple[int, int, int]:
@@ -429,6 +430,8 @@ class Reader:
                 f"{str(state.get('cache'))[:16]!r} != {self._source.fingerprint[:16]!r}"
             )
         theirs = state.get("options", {})
+        if not isinstance(theirs, dict):
+            raise StateMismatchError(f"state's options are not a dict: {repr(theirs)[:200]}")
         diff = [f"{k} ({theirs.get(k)!r} -> {v!r})" for k, v in self._options().items() if theirs.get(k) != v]
         if diff:
             raise StateMismatchError("state was saved with other order options: " + ", ".join(diff))

@@ -34,7 +34,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import numpy as np
 
 from ._inputs import URL_SCHEMES
-from .exceptions import CacheCorruptError, ConfigError
+from .exceptions import CacheCorruptError, ConfigError, TokshufError
 
 TAR_BLOCK = 512
 SHARD_RE = re.compile(r"shard_[0-9]{8}")
@@ -132,15 +132,32 @@ def verify(path: Union[str, os.PathLike[str]], full: bool = False) -> VerifyRepo
         return report
     if meta.get("packing") == "none":
         _verify_unpacked(root, meta, full, report)
-        return report
-    manifest = _check_manifest(root, meta, report)
-    if manifest is None:
-        return report
-    _check_folder(root, manifest, report)
-    header: Dict[str, bytes] = {}
-    for k, line in enumerate(manifest):
-        _check_shard(root, meta, k, line, full, header, report)
+    else:
+        manifest = _check_manifest(root, meta, report)
+        if manifest is None:
+            return report
+        _check_folder(root, manifest, report)
+        header: Dict[str, bytes] = {}
+        for k, line in enumerate(manifest):
+            _check_shard(root, meta, k, line, full, header, report)
+    _check_opens(str(root), meta, report)
     return report
+
+
+def _check_opens(path: str, meta: Dict[str, Any], report: VerifyReport) -> None:
+    """A cache called sound must open. The checks above re-derive the format on their own;
+    this runs the reader's as well, so whatever the reader refuses is reported here too."""
+    if not report.ok:
+        return
+    from . import _core
+
+    try:
+        if meta.get("packing") == "none":
+            _core.UnpackedCache(path, True)
+        else:
+            _core.Cache(path, True)
+    except TokshufError as e:
+        report.problem(f"the reader refuses it: {e}")
 
 
 def _verify_remote(url: str, full: bool) -> VerifyReport:
@@ -183,6 +200,7 @@ def _verify_remote(url: str, full: bool) -> VerifyReport:
                 continue
             _check_shard(root, meta, k, line, full, header, report)
             (root / name).unlink(missing_ok=True)
+    _check_opens(url, meta, report)
     return report
 
 
@@ -230,6 +248,8 @@ def _check_metadata(root: Path, report: VerifyReport) -> Optional[Dict[str, Any]
         report.problem(f"tokshuf.json: format {meta.get('format')!r} is not one of {', '.join(FORMATS)}")
     elif str(meta["format"]).startswith("blocks"):
         need_int("block_size", 1, MAX_BLOCK_SIZE)
+    if meta.get("ideal_readers") is not None:
+        need_int("ideal_readers", 1)
     if not isinstance(meta.get("shuffle"), bool):
         report.problem(f"tokshuf.json: shuffle is {meta.get('shuffle')!r}, expected true or false")
     tok = meta.get("tokenizer")

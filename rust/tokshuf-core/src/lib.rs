@@ -25,6 +25,7 @@ pub mod build;
 pub mod error;
 pub mod format;
 pub mod hash;
+pub mod memory;
 pub mod read;
 pub mod storage;
 pub mod testhook;

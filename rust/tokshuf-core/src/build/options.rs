@@ -190,14 +190,6 @@ impl BuildOptions {
 
     /// Half of physical memory by default.
     pub fn memory_limit(&self) -> u64 {
-        self.memory_limit.unwrap_or_else(|| {
-            // SAFETY: sysconf has no preconditions.
-            let (page, pages) = unsafe { (libc::sysconf(libc::_SC_PAGESIZE), libc::sysconf(libc::_SC_PHYS_PAGES)) };
-            if page > 0 && pages > 0 {
-                page as u64 * pages as u64 / 2
-            } else {
-                4 << 30
-            }
-        })
+        self.memory_limit.unwrap_or_else(|| crate::memory::physical().map_or(4 << 30, |m| m / 2))
     }
 }

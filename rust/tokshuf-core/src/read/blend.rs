@@ -42,6 +42,13 @@ pub struct Quanta {
     pub raised: Vec<u32>,
 }
 
+fn check_quantum(d: u64) -> Result<()> {
+    if d == 0 || d > MAX_QUANTUM {
+        return Err(Error::Config(format!("blend quantum {d} must be in 1..={MAX_QUANTUM}")));
+    }
+    crate::memory::check_fits(Some(12 * d), || format!("the period of blend quantum {d}"))
+}
+
 /// Normalise `weights` and quantise them to integers summing to `quantum` (largest remainder,
 /// ties to the lowest index), then raise zero shares to 1 (see module docs).
 pub fn quantise(weights: &[f64], quantum: u64) -> Result<Quanta> {
@@ -49,9 +56,7 @@ pub fn quantise(weights: &[f64], quantum: u64) -> Result<Quanta> {
     if n == 0 {
         return Err(Error::Config("a blend needs at least one dataset".into()));
     }
-    if quantum == 0 || quantum > MAX_QUANTUM {
-        return Err(Error::Config(format!("blend quantum {quantum} must be in 1..={MAX_QUANTUM}")));
-    }
+    check_quantum(quantum)?;
     if (n as u64) > quantum {
         return Err(Error::Config(format!(
             "blend quantum {quantum} is smaller than the number of datasets ({n}): every dataset \
@@ -158,9 +163,7 @@ impl Schedule {
             return Err(Error::Config(format!("blend share of dataset {i} is 0: every share must be >= 1")));
         }
         let d: u64 = quanta.iter().map(|&q| q as u64).sum();
-        if d > MAX_QUANTUM {
-            return Err(Error::Config(format!("blend quantum {d} must be in 1..={MAX_QUANTUM}")));
-        }
+        check_quantum(d)?;
         let requested = quanta.iter().map(|&q| q as f64 / d as f64).collect();
         Ok(Self::build(quanta.to_vec(), Vec::new(), requested))
     }

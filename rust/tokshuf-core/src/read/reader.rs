@@ -76,6 +76,13 @@ impl Drop for BatchSpec {
     }
 }
 
+/// Memory of one batch of `rows` rows of `width` ids while it is assembled, with the
+/// bookkeeping of the `examples` it is drawn from (`None`: beyond u64).
+pub fn batch_bytes(examples: u64, rows: u64, width: usize, dtype: OutDtype) -> Option<u64> {
+    const PER_EXAMPLE: u64 = 64; // its index, `Loc` and read pair
+    rows.checked_mul((width as u64).checked_mul(dtype.size() as u64)?)?.checked_add(examples.checked_mul(PER_EXAMPLE)?)
+}
+
 /// A cancel flag nobody sets.
 static NEVER: AtomicBool = AtomicBool::new(false);
 
@@ -119,6 +126,10 @@ impl BatchSpec {
         for c in &caches {
             holds_ids(dtype.size(), c.meta.dtype)?;
         }
+        let rows = batch_size / world_size;
+        crate::memory::check_fits(batch_bytes(rows, rows, seqlen, dtype), || {
+            format!("a batch of {rows} rows of {seqlen} ids (batch_size {batch_size}, world_size {world_size})")
+        })?;
         let end = source.num_examples().map(|n| end_of(n, batch_size, drop_last));
         let end_pending = source.len_pending();
         let buffers = caches[0].buffers.clone();
@@ -238,6 +249,8 @@ impl BatchSpec {
 pub trait Assemble: Send + Sync + 'static {
     type Out: Send + 'static;
     fn batch_size(&self) -> u64;
+    /// `batch_bytes` of one batch.
+    fn batch_bytes(&self) -> Option<u64>;
     /// The batch starting at example `first`, or None when none starts there (the end of a
     /// single pass). May wait (follow mode) until `cancel` is set.
     fn assemble_at(&self, first: u64, cancel: &AtomicBool) -> Result<Option<Self::Out>>;
@@ -250,6 +263,10 @@ impl Assemble for BatchSpec {
     type Out = (usize, Batch);
     fn batch_size(&self) -> u64 {
         self.batch_size
+    }
+    fn batch_bytes(&self) -> Option<u64> {
+        let rows = self.batch_size / self.world_size;
+        batch_bytes(rows, rows, self.seqlen, self.dtype)
     }
     fn assemble_at(&self, first: u64, cancel: &AtomicBool) -> Result<Option<(usize, Batch)>> {
         if !self.has_batch_wait(first, cancel)? {
@@ -288,7 +305,11 @@ impl<A: Assemble> Prefetcher<A> {
         let every = every.max(1);
         let threads = threads.max(1);
         let per_worker = depth.div_ceil(threads).max(1);
-        spec.in_flight(threads * (per_worker + 1) + 2);
+        let in_flight = threads.saturating_mul(per_worker + 1).saturating_add(2);
+        crate::memory::check_fits(spec.batch_bytes().and_then(|b| b.checked_mul(in_flight as u64)), || {
+            format!("reading ahead with {threads} threads and prefetch {depth} ({in_flight} batches in flight)")
+        })?;
+        spec.in_flight(in_flight);
         let stop = Arc::new(AtomicBool::new(false));
         let mut receivers = Vec::with_capacity(threads);
         for w in 0..threads {

@@ -22,7 +22,7 @@ use sha2::{Digest, Sha256};
 use super::blend::{Schedule, DEFAULT_QUANTUM};
 use super::cache::{check_shards_of, parse_manifest_all, Cache, CacheMeta, Id};
 use super::order::{cache_source, Loc, OrderOptions, Source};
-use super::reader::{Assemble, Batch, OutDtype, MAX_EXAMPLE};
+use super::reader::{batch_bytes, Assemble, Batch, OutDtype, MAX_EXAMPLE};
 use super::validate::read_meta_any;
 use crate::error::{Error, Result};
 use crate::format::{self, BinInfo, Metadata, MANIFEST_NAME, META_NAME};
@@ -198,6 +198,10 @@ impl UnpackedSpec {
             return Err(Error::Config("ideal_readers must be positive".into()));
         }
         super::cache::holds_ids(dtype.size(), cache.meta.dtype)?;
+        let (rows, seqlen) = (batch_size / world_size, cache.seqlen());
+        crate::memory::check_fits(batch_bytes(batch_size, rows, seqlen, dtype), || {
+            format!("a batch of {rows} rows of up to {seqlen} ids (batch_size {batch_size}, world_size {world_size})")
+        })?;
         let drawn: Vec<usize> = (0..cache.bins.len()).filter(|&k| cache.infos[k].num_examples > 0).collect();
         if drawn.is_empty() {
             return Err(Error::Config(format!("{}: cache holds no examples", cache.root.display())));
@@ -283,6 +287,9 @@ impl Assemble for UnpackedSpec {
     type Out = UnpackedBatch;
     fn batch_size(&self) -> u64 {
         self.batch_size
+    }
+    fn batch_bytes(&self) -> Option<u64> {
+        batch_bytes(self.batch_size, self.batch_size / self.world_size, self.cache.seqlen(), self.dtype)
     }
     fn assemble_at(&self, first: u64, _cancel: &AtomicBool) -> Result<Option<UnpackedBatch>> {
         self.assemble(first).map(Some)
