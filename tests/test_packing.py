@@ -5,6 +5,7 @@ tokshuf.json say what the packing did and what concat would have done."""
 from __future__ import annotations
 
 import itertools
+import json
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -136,3 +137,21 @@ def test_packing_options_are_checked(tmp_path: Path):
         build([src], tmp_path / "b", packing="bestfit", pack_window=0)
     with pytest.raises(tokshuf.ConfigError, match="packing="):
         build([src], tmp_path / "c", packing="tight")
+
+
+def test_streamed_chunks_count_only_real_tokens(tmp_path: Path):
+    # Enough text for stage 1 to take the file in several batches, so most chunks are written
+    # while the file is still being read, before its summary exists.
+    texts = make_docs(400, seed=11)
+    src = write_jsonl(tmp_path / "in.jsonl", texts)
+    seqlen, cs = 64, 7
+    stats = build(
+        [src], tmp_path / "c", tokenizer=SPEC, seqlen=seqlen, chunk_size=cs, shuffle=False, packing="bestfit", pack_window=16
+    )
+    want = reference_bestfit(documents(texts), seqlen, 16, -1)  # -1 marks padding
+    real = [seqlen - c.count(-1) for c in want]
+    lines = [json.loads(line) for line in (tmp_path / "c" / "manifest.jsonl").read_text().splitlines()]
+    assert len(lines) > 20
+    assert [line["num_tokens"] for line in lines] == [sum(real[k : k + cs]) for k in range(0, len(real), cs)]
+    assert sum(real) == stats.metadata["num_tokens"]
+    assert tokshuf.verify(tmp_path / "c").ok

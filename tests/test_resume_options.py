@@ -108,6 +108,22 @@ def test_complete_cache_with_other_options_is_refused_then_overwritten(corpus, t
     assert_same_cache(out, tmp_path / "clean")
 
 
+@pytest.mark.parametrize(
+    "before, after, named",
+    [
+        (dict(packing="bestfit"), {}, r'packing \("bestfit" -> default\)'),
+        ({}, dict(packing="bestfit"), r'packing \(default -> "bestfit"\)'),
+        (dict(format="blocks"), {}, r"block_size \(64 -> default\)"),
+    ],
+)
+def test_an_option_set_on_one_side_only_is_named(corpus, tmp_path, before, after, named):
+    # A recipe leaves out the fields at their default: either side may lack the key.
+    out = tmp_path / "cache"
+    tokshuf.build_cache(corpus, out, **dict(OPTS, **before))
+    with pytest.raises(tokshuf.OutputExistsError, match=named):
+        tokshuf.build_cache(corpus, out, **dict(OPTS, **after))
+
+
 def test_leftovers_of_a_run_killed_at_its_start_are_cleared(corpus, tmp_path):
     out = tmp_path / "cache"
     (out / ".tokshuf-work").mkdir(parents=True)
@@ -196,6 +212,22 @@ def test_status_finds_the_work_folder_under_local_cell_dir(corpus, tmp_path, mon
     assert 0 < s["files_done"] < 4 and Path(s["work_dir"]).parent == cells
     tokshuf.build_cache(corpus, out, local_cell_dir=cells, **OPTS)
     assert list(cells.iterdir()) == []
+
+
+@pytest.mark.parametrize("stage", ["tokenizing", "complete"])
+def test_resumed_under_local_cell_dir_leaves_no_work_folder_in_the_output(corpus, tmp_path, monkeypatch, stage):
+    # The killed run kept its spills in the output; the resumed one keeps its own elsewhere.
+    out = tmp_path / "cache"
+    if stage == "tokenizing":
+        unfinished(corpus, out, monkeypatch, 150_000)
+    else:
+        tokshuf.build_cache(corpus, out, **OPTS)
+        (out / ".tokshuf-work").mkdir()  # as a run killed while cleaning up leaves it
+    assert (out / ".tokshuf-work").is_dir()
+    tokshuf.build_cache(corpus, out, local_cell_dir=tmp_path / "scratch", **OPTS)
+    assert not (out / ".tokshuf-work").exists()
+    tokshuf.build_cache(corpus, tmp_path / "clean", **OPTS)
+    assert_same_cache(out, tmp_path / "clean")
 
 
 def test_the_same_build_spelled_otherwise_resumes(corpus, tmp_path, monkeypatch):

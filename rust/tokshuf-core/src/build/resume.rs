@@ -127,6 +127,7 @@ pub fn prepare(out: &Place, work: &Place, recipe: &Recipe, inputs: &[PathBuf], o
         // A run killed after publishing the cache may have left its work folder or temporaries.
         work.remove_all()?;
         remove_tmp(out, &entries)?;
+        remove_unused_work(out, work, &entries)?;
         return Ok(Start::Complete(Box::new(m.clone())));
     }
     if let Some(w) = &work_state {
@@ -140,7 +141,17 @@ pub fn prepare(out: &Place, work: &Place, recipe: &Recipe, inputs: &[PathBuf], o
     }
     // Temporary files of the killed run: every writer has its own name, so none is reused.
     remove_tmp(out, &entries)?;
+    remove_unused_work(out, work, &entries)?;
     Ok(Start::Resume)
+}
+
+/// A work folder inside the output that this run does not use: a killed run's that had none
+/// of `local_cell_dir`, resumed with one. Its spills are not read from there, so it goes.
+fn remove_unused_work(out: &Place, work: &Place, entries: &[String]) -> Result<()> {
+    if entries.iter().any(|n| n == WORK_NAME) && out.dir().map(|d| d.join(WORK_NAME)).as_deref() != work.dir() {
+        out.remove(WORK_NAME)?;
+    }
+    Ok(())
 }
 
 /// Remove the temporary files (`format::is_tmp`) among `entries` of `place`.

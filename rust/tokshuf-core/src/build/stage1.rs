@@ -102,9 +102,10 @@ enum Done {
 
 /// What the caller of `run` hears about, on the consuming thread, in file order per file.
 pub enum Event<'a> {
-    /// The first `count` contexts of `file` are in its spill and readable through `spill`
-    /// (sent each time the count passes a multiple of `notify_every`).
-    Contexts { file: usize, count: u64, spill: &'a Arc<File> },
+    /// The first `count` contexts of `file` are in its spill and readable through `spill`,
+    /// and `padded` lists those that end in padding, as the summary will (sent each time the
+    /// count passes a multiple of `notify_every`).
+    Contexts { file: usize, count: u64, spill: &'a Arc<File>, padded: &'a [(u64, u32)] },
     /// `file` is done: its spill is renamed into place and its summary is durable.
     Done { file: usize, summary: &'a FileSummary, spill_bytes: u64 },
     /// Nothing arrived for a while (lets the caller do its own bookkeeping).
@@ -307,7 +308,7 @@ impl Consume<'_> {
                         if every > 0 && n / every > w.notified / every {
                             w.out.flush().map_err(|e| Error::io(&w.tmp, e))?;
                             w.notified = n;
-                            on_event(Event::Contexts { file, count: n, spill: &w.shared })?;
+                            on_event(Event::Contexts { file, count: n, spill: &w.shared, padded: &w.summary.padded })?;
                         }
                     }
                     Done::Passthrough(Job::StreamError { line, error, .. }) => {

@@ -247,7 +247,13 @@ pub(crate) fn write_placed(
 ) -> Result<ManifestLine> {
     let path = stage1::spill_path(&job.work, file);
     let spill = File::open(&path).map_err(|e| Error::io(&path, e))?;
-    write_spill_range(spec, &path, &spill, summaries.get(file), start, len, chunk)
+    let padding = summaries.get(file).map_or(0, |s| padding_in(&s.padded, start, start + len));
+    write_spill_range(spec, &path, &spill, padding, start, len, chunk)
+}
+
+/// Padding ids of the contexts `start..end` of one file, from its `padded` list.
+pub(crate) fn padding_in(padded: &[(u64, u32)], start: u64, end: u64) -> u64 {
+    padded.iter().filter(|&&(pos, _)| pos >= start && pos < end).map(|&(_, n)| n as u64).sum()
 }
 
 /// Write chunk `chunk` from contexts `start..start+len` of an open spill.
@@ -255,13 +261,11 @@ pub(crate) fn write_spill_range(
     spec: &ShardSpec,
     path: &Path,
     spill: &File,
-    summary: Option<&FileSummary>,
+    padding: u64,
     start: u64,
     len: u64,
     chunk: u64,
 ) -> Result<ManifestLine> {
-    let end = start + len;
-    let padding: u64 = summary.map_or(0, |s| s.padded.iter().filter(|&&(pos, _)| pos >= start && pos < end).map(|&(_, n)| n as u64).sum());
     let cb = spec.context_bytes();
     write_shard(spec, chunk, len as usize, padding, |i, buf| spill.read_exact_at(buf, (start + i) * cb).map_err(|e| Error::io(path, e)))
 }

@@ -57,6 +57,14 @@ pub(super) fn build_streaming(run: &mut Run<'_>, manifest: &mut Manifest) -> Res
     result
 }
 
+/// A file stage 1 is still writing: its spill, and its contexts that end in padding so far
+/// (best fit pads nearly every context, so a chunk's count of real tokens needs them before
+/// the file's summary exists).
+struct Live {
+    spill: Arc<File>,
+    padded: Vec<(u64, u32)>,
+}
+
 struct Streamer<'r, 'a> {
     run: &'r Run<'a>,
     manifest: &'r mut Manifest,
@@ -64,7 +72,7 @@ struct Streamer<'r, 'a> {
     /// Summaries of finished files (index `nfiles`: the stitched tails).
     summaries: Vec<Option<FileSummary>>,
     /// Spills still being written, by file (finished ones are opened by name).
-    live: HashMap<usize, Arc<File>>,
+    live: HashMap<usize, Live>,
     spec: Arc<ShardSpec>,
     tx: crossbeam_channel::Sender<(u64, Result<ManifestLine>)>,
     rx: crossbeam_channel::Receiver<(u64, Result<ManifestLine>)>,
@@ -132,8 +140,9 @@ impl Streamer<'_, '_> {
 
     fn on_event(&mut self, ev: Event<'_>) -> Result<()> {
         match ev {
-            Event::Contexts { file, count, spill } => {
-                self.live.insert(file, spill.clone());
+            Event::Contexts { file, count, spill, padded } => {
+                let live = self.live.entry(file).or_insert_with(|| Live { spill: spill.clone(), padded: Vec::new() });
+                live.padded.extend_from_slice(&padded[live.padded.len()..]);
                 self.rr.set_known(file, count);
             }
             Event::Done { file, summary, .. } => {
@@ -172,13 +181,16 @@ impl Streamer<'_, '_> {
         let path = stage1::spill_path(&self.run.job.work, p.file);
         // A finished spill is opened by the task itself: many chunks can be queued at once
         // (a resumed build places all chunks of its finished files together).
-        let live = self.live.get(&p.file).cloned();
-        let summary = self.summaries[p.file].clone();
+        let (start, end) = (p.start, p.start + p.len);
+        let (live, padding) = match (self.live.get(&p.file), &self.summaries[p.file]) {
+            (Some(l), _) => (Some(l.spill.clone()), steps::padding_in(&l.padded, start, end)),
+            (None, s) => (None, s.as_ref().map_or(0, |s| steps::padding_in(&s.padded, start, end))),
+        };
         let (spec, tx) = (self.spec.clone(), self.tx.clone());
         self.in_flight += 1;
         self.run.pool.spawn(move || {
             let r = match live.map_or_else(|| File::open(&path).map(Arc::new), Ok) {
-                Ok(spill) => steps::write_spill_range(&spec, &path, &spill, summary.as_ref(), p.start, p.len, p.chunk),
+                Ok(spill) => steps::write_spill_range(&spec, &path, &spill, padding, p.start, p.len, p.chunk),
                 Err(e) => Err(Error::io(&path, e)),
             };
             let _ = tx.send((p.chunk, r));

@@ -203,7 +203,10 @@ impl Recipe {
         let a = serde_json::to_value(self).unwrap_or_default();
         let b = serde_json::to_value(other).unwrap_or_default();
         let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else { return vec!["recipe".into()] };
+        // Fields at their default are left out of a recipe, so either side may lack a key.
+        let show = |v: Option<&Value>| v.map_or_else(|| "default".to_string(), Value::to_string);
         a.keys()
+            .chain(b.keys().filter(|k| !a.contains_key(*k)))
             .filter(|k| if *k == "tokenizer" { self.tokenizer != other.tokenizer } else { a.get(*k) != b.get(*k) })
             .map(|k| {
                 if k == "inputs" {
@@ -215,7 +218,7 @@ impl Recipe {
                         if changed.is_empty() { "files removed".to_string() } else { changed.join(", ") }
                     )
                 } else {
-                    format!("{k} ({} -> {})", a[k], b[k])
+                    format!("{k} ({} -> {})", show(a.get(k)), show(b.get(k)))
                 }
             })
             .collect()
