@@ -82,7 +82,7 @@ def test_closed_pipe_is_a_clean_exit(cache, command):
 
 
 def test_negative_steps(cache):
-    assert_one_line_error(run("read", str(cache), "--batch-size", "2", "--steps", "-1"), "--steps", ">= 0")
+    assert_one_line_error(run("read", str(cache), "--batch-size", "2", "--steps", "-1"), "--steps", "must be in [0,")
 
 
 def test_memory_limit_that_is_not_a_size(tmp_path):
