@@ -275,7 +275,15 @@ def test_real_cache(small_corpus, tmp_path):
 )
 def test_config_errors(tmp_path, bad, match):
     a = fake_cache(tmp_path, "a", 10)
-    weights = {"w0": 0, "w-1": -1.0, "wnan": float("nan"), "winf": float("inf"), "whuge": 10**400, "wstr": "1", "wbool": True}
+    weights = {
+        "w0": 0,
+        "w-1": -1.0,
+        "wnan": float("nan"),
+        "winf": float("inf"),
+        "whuge": 10**400,
+        "wstr": "1",
+        "wbool": True,
+    }
     kwargs = {}
     if bad == []:
         comps = []

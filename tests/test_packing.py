@@ -146,7 +146,14 @@ def test_streamed_chunks_count_only_real_tokens(tmp_path: Path):
     src = write_jsonl(tmp_path / "in.jsonl", texts)
     seqlen, cs = 64, 7
     stats = build(
-        [src], tmp_path / "c", tokenizer=SPEC, seqlen=seqlen, chunk_size=cs, shuffle=False, packing="bestfit", pack_window=16
+        [src],
+        tmp_path / "c",
+        tokenizer=SPEC,
+        seqlen=seqlen,
+        chunk_size=cs,
+        shuffle=False,
+        packing="bestfit",
+        pack_window=16,
     )
     want = reference_bestfit(documents(texts), seqlen, 16, -1)  # -1 marks padding
     real = [seqlen - c.count(-1) for c in want]

@@ -199,6 +199,17 @@ def test_plain_hf_encode_would_inject_control_ids(backend):
     assert tokshuf.Tokenizer(NEOX, allow_special_tokens=True, backend=backend).encode(text) == plain
 
 
+def test_lone_surrogate_is_an_input_error(backend):
+    # Not Unicode text, so no UTF-8 to tokenize: what a build says of such a line, not a
+    # UnicodeEncodeError from the bindings.
+    tok = ours("tiktoken:r50k_base", backend)
+    with pytest.raises(tokshuf.InputError, match="lone surrogate"):
+        tok.encode("a\ud800b")
+    with pytest.raises(tokshuf.InputError, match="lone surrogate"):
+        tok.encode_batch(["ok", "a\udc00b"])
+    assert tok.encode_batch(["a\U0001f600b"]) == [tok.encode("a\U0001f600b")]
+
+
 def test_allow_special_tokens_is_refused_for_tiktoken():
     with pytest.raises(tokshuf.ConfigError):
         tokshuf.Tokenizer("tiktoken:r50k_base", allow_special_tokens=True)

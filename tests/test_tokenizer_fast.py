@@ -593,6 +593,25 @@ def test_check_tokenizer_cli_unsupported_tokenizer(tmp_path, capsys):
     assert "normalizer" in capsys.readouterr().err
 
 
+def test_check_tokenizer_ignores_truncation_and_padding_as_builds_do(tmp_path, capsys):
+    from tokshuf.__main__ import main
+
+    cfg = json.loads(tokref.NEOX_JSON.read_text())
+    cfg["truncation"] = {"direction": "Right", "max_length": 8, "strategy": "LongestFirst", "stride": 0}
+    cfg["padding"] = {
+        "strategy": {"Fixed": 4096},
+        "direction": "Right",
+        "pad_to_multiple_of": None,
+        "pad_id": 1,
+        "pad_type_id": 0,
+        "pad_token": "<|padding|>",
+    }
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(cfg))
+    assert main(["check-tokenizer", str(path), str(SAMPLE / "kjv.jsonl"), "--limit", "3", "--reference", "python"]) == 0
+    assert "0 differ" in capsys.readouterr().out
+
+
 def test_check_tokenizer_resolves_specs_as_builds_do(tmp_path, monkeypatch, capsys):
     """A folder and an `hf:` spec reach the Python reference through the builder's resolver."""
     import shutil

@@ -105,6 +105,9 @@ def python_reference(spec: str, allow_special: bool) -> Tuple[str, Callable[[str
 
     tok = tokenizers.Tokenizer.from_file(_core._tokenizer_json_path(spec))
     tok.encode_special_tokens = not allow_special
+    # A build ignores the file's truncation and padding: it keeps every id of a document.
+    tok.no_truncation()
+    tok.no_padding()
     return (
         f"tokenizers {tokenizers.__version__} encode(add_special_tokens=False)",
         lambda text: tok.encode(text, add_special_tokens=False).ids,

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyString};
 
 use tokshuf_core::build::BuildOptions;
 use tokshuf_core::error::Error;
@@ -118,18 +118,27 @@ impl Tokenizer {
         self.inner.bos_id
     }
     /// Ids of one text (no EOT/BOS added).
-    fn encode(&self, py: Python<'_>, text: String) -> PyResult<Vec<u32>> {
+    fn encode(&self, py: Python<'_>, text: &Bound<'_, PyString>) -> PyResult<Vec<u32>> {
+        let text = utf8(text)?;
         py.detach(|| self.inner.encode(&text)).map_err(to_pyerr)
     }
     /// Ids of many texts, encoded on `threads` threads (0 = all cores).
     #[pyo3(signature = (texts, threads=0))]
-    fn encode_batch(&self, py: Python<'_>, texts: Vec<String>, threads: usize) -> PyResult<Vec<Vec<u32>>> {
+    fn encode_batch(&self, py: Python<'_>, texts: Vec<Bound<'_, PyString>>, threads: usize) -> PyResult<Vec<Vec<u32>>> {
+        let texts = texts.iter().map(|t| utf8(t).map(|s| s.into_owned())).collect::<PyResult<Vec<String>>>()?;
         let tok = self.inner.clone();
         run_detached(py, move |_| tok.encode_batch(&texts, threads))
     }
     fn decode(&self, py: Python<'_>, ids: Vec<u32>) -> PyResult<String> {
         py.detach(|| self.inner.encoder.decode(&ids)).map_err(|e| to_pyerr(Error::Tokenizer(e)))
     }
+}
+
+/// A str's UTF-8. One holding a lone surrogate has none: an `InputError`, as a line of a
+/// build's input holding one is.
+fn utf8<'a>(text: &'a Bound<'_, PyString>) -> PyResult<std::borrow::Cow<'a, str>> {
+    text.to_cow()
+        .map_err(|_| errors::InputError::new_err("text holds a lone surrogate: it is not Unicode text, so it has no UTF-8 to tokenize"))
 }
 
 #[pymodule]
