@@ -88,8 +88,39 @@ def test_another_cache_at_the_url_is_not_overwritten(s3: S3, tmp_path: Path, sma
     tokshuf.build_cache(small_corpus, url, local_cell_dir=tmp_path / "scratch", **OPTS)
     with pytest.raises(tokshuf.OutputExistsError):
         tokshuf.build_cache(small_corpus, url, local_cell_dir=tmp_path / "scratch", seed=5, **OPTS)
-    tokshuf.build_cache(small_corpus, url, local_cell_dir=tmp_path / "scratch", seed=5, overwrite=True, **OPTS)
-    assert json.loads(s3.get("caches/d/tokshuf.json"))["seed"] == 5
+    # Overwritten by a cache of fewer shards: nothing of the old one is left.
+    other = dict(OPTS, chunk_size=64)
+    tokshuf.build_cache(small_corpus, url, local_cell_dir=tmp_path / "scratch", seed=5, overwrite=True, **other)
+    tokshuf.build_cache(small_corpus, tmp_path / "local", seed=5, **other)
+    same_cache(s3, "caches/d", tmp_path / "local")
+
+
+def test_output_mistakes_are_refused_before_the_build(s3: S3, tmp_path: Path, small_corpus: list, monkeypatch) -> None:
+    scratch = tmp_path / "scratch"
+    s3.put("caches/e/notes.txt", b"someone's")
+    with pytest.raises(tokshuf.OutputExistsError, match=r"notes\.txt"):
+        tokshuf.build_cache(small_corpus, s3.url("caches/e"), local_cell_dir=scratch, overwrite=True, **OPTS)
+    # Another build renews its lease there (written now, by a process elsewhere).
+    lease = {"host": "elsewhere", "pid": 1, "renewed_ms": int(time.time() * 1000)}
+    s3.put("caches/f/.tokshuf-lock", json.dumps(lease).encode())
+    with pytest.raises(tokshuf.OutputExistsError, match="another tokshuf build is writing"):
+        tokshuf.build_cache(small_corpus, s3.url("caches/f"), local_cell_dir=scratch, overwrite=True, **OPTS)
+    with pytest.raises(tokshuf.ConfigError, match="unpacked"):
+        tokshuf.build_cache(small_corpus, s3.url("caches/g"), local_cell_dir=scratch, packing="none", **OPTS)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "127.0.0.1:9")  # no scheme: object_store would panic
+    with pytest.raises(tokshuf.ConfigError, match="not an http:// or https:// URL"):
+        tokshuf.build_cache(small_corpus, s3.url("caches/h"), local_cell_dir=scratch, **OPTS)
+    assert not scratch.exists()  # nothing was built
+
+
+def test_unknown_schemes_are_refused_and_file_urls_are_paths(tmp_path: Path, small_corpus: list) -> None:
+    for url in ("gcs://bucket/x", "S3://bucket/x", "http://host/x"):
+        with pytest.raises(tokshuf.ConfigError, match="unsupported URL scheme"):
+            tokshuf.build_cache(small_corpus, url, **OPTS)
+    stats = tokshuf.build_cache([f"file://{p}" for p in small_corpus], f"file://{tmp_path / 'c'}", **OPTS)
+    assert (tmp_path / "c" / "tokshuf.json").exists() and stats.metadata["status"] == "complete"
+    assert len(tokshuf.Cache(f"file://{tmp_path / 'c'}")) == len(tokshuf.Cache(tmp_path / "c"))
+    assert tokshuf.verify(f"file://{tmp_path / 'c'}").ok
 
 
 # -- inputs in a store ------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, Literal, Optional, Sequence, Union
 
 from . import _core
-from ._inputs import PathLike, expand_inputs, input_suffixes
+from ._inputs import PathLike, expand_inputs, input_suffixes, location
 from ._remote import build_to_url, is_url
 from .exceptions import ConfigError
 
@@ -208,6 +208,7 @@ def run_build(inputs: Union[PathLike, Iterable[PathLike]], output: PathLike, **o
         raise ConfigError(f"engine must be 'local' or 'ray', not {engine!r}")
     if ray_address is not None and engine != "ray":
         raise ConfigError("ray_address is an option of engine='ray'")
+    output = location(output)
     if is_url(output) and engine == "local":
         local, overwrite = options.pop("local_cell_dir", None), options.pop("overwrite", False)
         return build_to_url(run_build, inputs, output, local, overwrite, **options)

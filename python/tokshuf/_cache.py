@@ -11,6 +11,7 @@ from typing import Any, Dict, Iterable, List, Optional, Union
 import numpy as np
 
 from . import _core
+from ._inputs import location
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -57,7 +58,7 @@ class Cache:
         cache_dir: Optional[PathLike] = None,
         cache_limit: Optional[int] = None,
     ) -> None:
-        self._path = os.fspath(path)
+        self._path = location(path)
         self._check_files = bool(check_files)
         self._follow = bool(follow)
         self._timeout = None if timeout is None else _seconds("timeout", timeout)

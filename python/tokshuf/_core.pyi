@@ -23,6 +23,7 @@ __all__ = [
     "__version__",
     "_fast_char_classes",
     "_fast_pretokenize",
+    "_storage_check_output",
     "_storage_delete",
     "_storage_get_range",
     "_storage_head",
@@ -310,6 +311,10 @@ def _storage_head(url: str) -> int:
 
 def _storage_delete(url: str) -> None:
     """Delete an object; one already gone is fine."""
+
+def _storage_check_output(url: str) -> None:
+    """Refuse an output prefix holding foreign objects or another build's live lease (listing it
+    also checks the bucket and the credentials)."""
 
 def _storage_publish(local: str, url: str, overwrite: bool = False) -> Tuple[List[str], List[str]]:
     """Upload a complete local cache: shards, manifest, then tokshuf.json last; skips shards

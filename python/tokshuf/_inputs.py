@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 from typing import Iterable, List, Optional, Sequence, Union
 
 from .exceptions import ConfigError, InputNotFoundError, TokshufIOError, TokshufPermissionError
@@ -13,6 +14,24 @@ SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".jsonl.zstd")
 # Inputs of a shuffle-only build: tar shards of contexts.
 SHARD_SUFFIXES = (".tar",)
 URL_SCHEMES = ("s3://", "gs://", "az://")
+_SCHEME = re.compile(r"([A-Za-z0-9+.-]+)://")
+
+
+def location(value: PathLike) -> str:
+    """A path or URL as tokshuf takes it (docs/storage.md, as the core's ``Location::parse``):
+    s3://, gs:// and az:// URLs as they are, ``file://PATH`` as PATH, any other scheme an error
+    (not a relative folder named ``gcs:``)."""
+    text = os.fspath(value)
+    if not isinstance(text, str) or text.startswith(URL_SCHEMES):
+        return text  # type: ignore[return-value]
+    m = _SCHEME.match(text)
+    if m is None:
+        return text
+    if m.group(1) == "file":
+        return text[len("file://") :]
+    raise ConfigError(
+        f"{text}: unsupported URL scheme '{m.group(1)}://' (tokshuf reads s3://, gs://, az://, file:// and local paths)"
+    )
 
 
 def input_suffixes(ext: Optional[str], shuffle_only: bool) -> Sequence[str]:
@@ -62,7 +81,7 @@ def expand_inputs(inputs: Union[PathLike, Iterable[PathLike]], suffixes: Sequenc
         inputs = [inputs]
     found: List[str] = []
     for item in inputs:
-        item = os.fspath(item)
+        item = location(item)
         if item.startswith(URL_SCHEMES):
             found.extend(_list_url(item, suffixes))
         elif os.path.isdir(item):

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from . import _core
+from .exceptions import ConfigError
 
 SCHEMES = ("s3://", "gs://", "az://")
 
@@ -38,6 +39,11 @@ def build_to_url(
 ) -> Any:
     """``build_cache`` for a URL output; ``build`` is ``build_cache`` itself (local output)."""
     url = url.rstrip("/")
+    if options.get("packing") == "none":
+        raise ConfigError(
+            f"{url}: an unpacked (packing='none') cache cannot be built into an object store yet; build it locally"
+        )
+    _core._storage_check_output(url)  # a wrong prefix, bucket or credentials show before the build
     stage = staging_dir(url, local_cell_dir)
     stats = build(inputs, stage, local_cell_dir=local_cell_dir, overwrite=overwrite, **options)
     _core._storage_publish(os.fspath(stage), url, overwrite)

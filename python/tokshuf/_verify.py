@@ -33,7 +33,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
-from ._inputs import URL_SCHEMES
+from ._inputs import URL_SCHEMES, location
 from .exceptions import CacheCorruptError, ConfigError, TokshufError
 
 TAR_BLOCK = 512
@@ -119,7 +119,7 @@ def verify(path: Union[str, os.PathLike[str]], full: bool = False) -> VerifyRepo
         A :class:`VerifyReport`: problems are reported, not raised; call
         ``report.raise_if_bad()`` to turn them into a :class:`tokshuf.CacheCorruptError`.
     """
-    text = os.fspath(path)
+    text = location(path)
     if isinstance(text, str) and text.startswith(URL_SCHEMES):
         return _verify_remote(text.rstrip("/"), full)
     root = Path(text)

@@ -71,7 +71,15 @@ fn _storage_publish(py: Python<'_>, local: PathBuf, url: String, overwrite: bool
     py.detach(|| storage::publish::publish(&local, &Location::parse(&url)?, overwrite)).map(|p| (p.uploaded, p.skipped)).map_err(to_pyerr)
 }
 
+/// Refuse an output prefix that holds foreign objects or that another build is writing into;
+/// lists it, so a wrong bucket or refused credentials show before a build starts.
+#[pyfunction]
+fn _storage_check_output(py: Python<'_>, url: String) -> PyResult<()> {
+    py.detach(|| storage::publish::check_output(&Location::parse(&url)?).map(drop)).map_err(to_pyerr)
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(_storage_check_output, m)?)?;
     m.add_function(wrap_pyfunction!(_storage_list, m)?)?;
     m.add_function(wrap_pyfunction!(_storage_read, m)?)?;
     m.add_function(wrap_pyfunction!(_storage_get_range, m)?)?;

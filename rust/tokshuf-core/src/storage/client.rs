@@ -171,6 +171,13 @@ fn build(url: &RemoteUrl, s: &Settings) -> Result<Client> {
                 b = b.with_region("us-east-1");
             }
             if let Some(e) = endpoint {
+                // object_store takes any string here and panics on its first request if it is
+                // not a URL.
+                if !(e.starts_with("http://") || e.starts_with("https://")) {
+                    return Err(Error::Config(super::redact(&format!(
+                        "{url}: the endpoint {e:?} (AWS_ENDPOINT_URL) is not an http:// or https:// URL"
+                    ))));
+                }
                 b = b.with_endpoint(e);
             }
             let st = Arc::new(b.build().map_err(fail)?);

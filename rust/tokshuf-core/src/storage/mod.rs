@@ -82,6 +82,11 @@ pub(crate) fn map_err(url: &str, e: object_store::Error, retried: usize) -> Erro
         object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. } => {
             Error::io(path, IoError::new(ErrorKind::PermissionDenied, msg))
         }
+        // A listing's refusal comes back as a generic error that names the HTTP status.
+        _ if msg.contains("403 Forbidden") || msg.contains("401 Unauthorized") => {
+            Error::io(path, IoError::new(ErrorKind::PermissionDenied, msg))
+        }
+        _ if msg.contains("NoSuchBucket") => Error::io(path, IoError::new(ErrorKind::NotFound, "no such bucket")),
         _ if retried > 0 => Error::Remote { url: url.to_string(), reason: format!("gave up after {} tries: {msg}", retried + 1) },
         _ => Error::Remote { url: url.to_string(), reason: msg },
     }
