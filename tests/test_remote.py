@@ -110,6 +110,9 @@ def test_output_mistakes_are_refused_before_the_build(s3: S3, tmp_path: Path, sm
     monkeypatch.setenv("AWS_ENDPOINT_URL", "127.0.0.1:9")  # no scheme: object_store would panic
     with pytest.raises(tokshuf.ConfigError, match="not an http:// or https:// URL"):
         tokshuf.build_cache(small_corpus, s3.url("caches/h"), local_cell_dir=scratch, **OPTS)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://192.0.2.1:9")  # not loopback, not allowed
+    with pytest.raises(tokshuf.ConfigError, match="AWS_ALLOW_HTTP"):
+        tokshuf.build_cache(small_corpus, s3.url("caches/h"), local_cell_dir=scratch, **OPTS)
     assert not scratch.exists()  # nothing was built
 
 

@@ -178,6 +178,11 @@ fn build(url: &RemoteUrl, s: &Settings) -> Result<Client> {
                         "{url}: the endpoint {e:?} (AWS_ENDPOINT_URL) is not an http:// or https:// URL"
                     ))));
                 }
+                if e.starts_with("http://") && !is_loopback_http(&e) && !allow_http(var) {
+                    return Err(Error::Config(super::redact(&format!(
+                        "{url}: the endpoint {e:?} is plain http://: set AWS_ALLOW_HTTP=true to allow it"
+                    ))));
+                }
                 b = b.with_endpoint(e);
             }
             let st = Arc::new(b.build().map_err(fail)?);
