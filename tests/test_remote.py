@@ -226,6 +226,27 @@ def test_remote_cache_gives_the_local_batches_cold_and_warm_within_budget(
     assert batches(tokshuf.Cache(url, cache_dir=tmp_path / "faulty"), n) == want
 
 
+def test_two_caches_sharing_a_folder_and_a_budget(s3: S3, tmp_path: Path, small_corpus: list) -> None:
+    """A cache evicting shards from a shared folder, another fetching the same ones ahead at the
+    same time (two caches of one process): each gets the local batches, never a missing file."""
+    local = tmp_path / "local"
+    tokshuf.build_cache(small_corpus, local, **OPTS)
+    url = s3.url("caches/shared")
+    tokshuf._core._storage_publish(str(local), url)
+    size = max(p.stat().st_size for p in local.glob("shard_*.tar"))
+    n = 3 * len(tokshuf.Cache(local)) // 8
+    want = tokshuf.Reader(tokshuf.Cache(local), batch_size=8, seed=3)
+    want = [next(want).tobytes() for _ in range(n)]
+    shared = tmp_path / "shared"
+    small = tokshuf.Reader(tokshuf.Cache(url, cache_dir=shared, cache_limit=2 * size), batch_size=8, seed=3)
+    big = tokshuf.Reader(tokshuf.Cache(url, cache_dir=shared), batch_size=8, seed=3)
+    half = n // 2
+    assert [next(small).tobytes() for _ in range(half)] == want[:half]
+    # Where the small one is: its read-ahead is fetching the very shards the big one wants now.
+    big.load_state_dict(small.state_dict())
+    assert [next(big).tobytes() for _ in range(half, n)] == want[half:]
+
+
 def test_remote_blocks_zst_cache_gives_the_local_batches(s3: S3, tmp_path: Path, small_corpus: list) -> None:
     """Compressed blocks through a shard budget of two: evicted shards drop their decoded
     blocks too, and every batch stays the local one."""

@@ -372,11 +372,24 @@ impl Cache {
     fn map_chunk(&self, c: u64) -> Result<Chunk> {
         let path = shard_path(&self.root, c);
         let entry = &self.entry(c).ok_or_else(|| Error::corrupt(&path, format!("chunk {c} is not in the cache's plan or manifest")))?;
-        if let Some(r) = &self.remote {
-            let w = r.want(c).ok_or_else(|| Error::corrupt(&path, format!("chunk {c} is not in the remote cache's manifest yet")))?;
-            r.cache.get(&w)?;
-        }
-        let f = File::open(&path).map_err(|e| Error::corrupt(&path, format!("cannot open shard: {e}")))?;
+        let open = || File::open(&path);
+        let opened = match &self.remote {
+            None => open(),
+            Some(r) => {
+                let w = r.want(c).ok_or_else(|| Error::corrupt(&path, format!("chunk {c} is not in the remote cache's manifest yet")))?;
+                // Another cache sharing the folder may evict the shard between `get` and the
+                // open: it is then fetched again.
+                let mut tries = 0;
+                loop {
+                    r.cache.get(&w)?;
+                    match open() {
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound && tries < 3 => tries += 1,
+                        other => break other,
+                    }
+                }
+            }
+        };
+        let f = opened.map_err(|e| Error::corrupt(&path, format!("cannot open shard: {e}")))?;
         let len = f.metadata().map_err(|e| Error::io(&path, e))?.len();
         // SAFETY: shards are immutable once renamed into place; a file truncated behind our back
         // is the one case a map cannot guard against (its size is checked right here).

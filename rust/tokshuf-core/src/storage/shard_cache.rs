@@ -272,7 +272,11 @@ impl Inner {
     fn download(&self, want: &Want) -> Result<()> {
         let src = self.root.join(&want.name);
         let dest = self.dir.join(&want.name);
-        let tmp = self.dir.join(format!("{}.part.{}", want.name, std::process::id()));
+        // Unique per download, the pid last (see `scan`): two caches of one process sharing the
+        // folder may fetch the same shard at once, and each renames its own file into place.
+        static DOWNLOADS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let k = DOWNLOADS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = self.dir.join(format!("{}.part.{k}.{}", want.name, std::process::id()));
         let result = (|| {
             let mut r = super::open(&src)?;
             let file = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
@@ -357,6 +361,32 @@ mod tests {
         let cache2 = ShardCache::new(Location::Local(t.path().join("remote")), t.path().join("local2"), 1 << 20, 1).unwrap();
         assert!(matches!(cache2.get(&bad), Err(Error::Corrupt { .. })));
         assert_eq!(std::fs::read_dir(t.path().join("local2")).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn two_caches_of_one_process_fetch_the_same_shards_at_once() {
+        // Each download has a file of its own until it is renamed into place.
+        let t = tempfile::tempdir().unwrap();
+        let names: Vec<(String, usize)> = (0..64).map(|i| (format!("shard_{i:08}.tar"), 200_000 + i)).collect();
+        let refs: Vec<(&str, usize)> = names.iter().map(|(n, s)| (n.as_str(), *s)).collect();
+        let wants = remote(&t.path().join("remote"), &refs);
+        for round in 0..4 {
+            let dir = t.path().join(format!("local{round}"));
+            let caches: Vec<ShardCache> =
+                (0..2).map(|_| ShardCache::new(Location::Local(t.path().join("remote")), dir.clone(), 1 << 30, 1).unwrap()).collect();
+            let start = std::sync::Barrier::new(2);
+            std::thread::scope(|s| {
+                for c in &caches {
+                    let (wants, start) = (&wants, &start);
+                    s.spawn(move || {
+                        start.wait();
+                        for w in wants {
+                            c.get(w).unwrap();
+                        }
+                    });
+                }
+            });
+        }
     }
 
     #[test]
