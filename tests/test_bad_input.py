@@ -13,6 +13,8 @@ import gzip
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -442,6 +444,55 @@ def test_file_named_compressed_but_plain(tmp_path, suffix):
     assert stats.metadata["skipped"] == {"corrupt_stream": 1}
 
 
+@pytest.mark.parametrize("what", ["gzip", "zstd"])
+def test_compressed_data_in_a_plain_name_is_one_corrupt_stream(tmp_path, what):
+    data = jsonl_bytes(GOOD)
+    src = tmp_path / "packed.jsonl"
+    src.write_bytes(gzip.compress(data, mtime=0) if what == "gzip" else zstandard.ZstdCompressor().compress(data))
+    with pytest.raises(tokshuf.InputError) as ei:
+        build([src], tmp_path / "out")
+    assert_located(ei.value, src, 1, f"holds {what}-compressed data")
+    other = write_jsonl(tmp_path / "ok.jsonl", GOOD)
+    stats = build([src, other], tmp_path / "skip", errors="skip")
+    assert stats.metadata["skipped"] == {"corrupt_stream": 1}
+
+
+def test_zero_padding_after_gzip_members_is_skipped_as_gzip_does(tmp_path, tok):
+    # Tape and block tools pad with zeros; gzip -d and Python's gzip module skip them.
+    first, second = GOOD[:5], GOOD[5:]
+    src = tmp_path / "padded.jsonl.gz"
+    src.write_bytes(
+        gzip.compress(jsonl_bytes(first), mtime=0)
+        + bytes(100)
+        + gzip.compress(jsonl_bytes(second), mtime=0)
+        + bytes(512)
+    )
+    assert gzip.decompress(src.read_bytes()) == jsonl_bytes(GOOD)
+    build([src], tmp_path / "out")
+    assert_cache_holds(tmp_path / "out", [GOOD], tok)
+    # Anything else after a member must be one: garbage is a damaged stream, after the lines.
+    bad = tmp_path / "garbage.jsonl.gz"
+    bad.write_bytes(gzip.compress(jsonl_bytes(first), mtime=0) + bytes(3) + b"junk")
+    stats = build([bad], tmp_path / "skip", errors="skip")
+    assert stats.metadata["skipped"] == {"corrupt_stream": 1}
+    assert_cache_holds(tmp_path / "skip", [first], tok)
+
+
+@pytest.mark.parametrize("errors", ["raise", "skip"])
+def test_a_line_longer_than_memory_limit_allows_stops_the_build(tmp_path, errors):
+    # A 40 KB .zst of 20 MiB without a newline: held whole, it would take memory far beyond
+    # the limit. An eighth of the limit (at least 16 MiB) is the longest line a build holds;
+    # a longer one stops it whatever `errors` says, as the limit must not change the output.
+    src = tmp_path / "bomb.jsonl.zst"
+    src.write_bytes(zstandard.ZstdCompressor().compress(jsonl_bytes(GOOD[:2]) + bytes(20 << 20)))
+    with pytest.raises(tokshuf.ConfigError) as ei:
+        build([src], tmp_path / "out", memory_limit=64 << 20, errors=errors)
+    assert_located(ei.value, src, 3, "a line longer than 16777216 bytes", "raise memory_limit")
+    # With room for it, the line is held and judged as any other.
+    stats = build([src], tmp_path / "roomy", memory_limit=1 << 30, errors="skip")
+    assert stats.metadata["skipped"] == {"invalid_json": 1} and stats.num_documents == 2
+
+
 @pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz", ".jsonl.zst"])
 def test_zero_byte_files_hold_no_documents(tmp_path, tok, suffix):
     empty = tmp_path / f"empty{suffix}"
@@ -524,6 +575,86 @@ def test_directory_given_as_file_to_core(tmp_path):
         tokshuf._core.build_cache(
             inputs=[str(d)], output=str(tmp_path / "o2"), seqlen=64, chunk_size=8, threads=1, progress=False
         )
+
+
+def test_file_names_that_are_not_utf8(tmp_path, tok):
+    # tokshuf.json records input names as UTF-8 text: such a name is refused up front, naming
+    # the file (not reported missing through a lossy conversion of its name).
+    d = tmp_path / "in"
+    write_jsonl(d / "ok.jsonl", GOOD)
+    bad = os.fsencode(d) + b"/caf\xe9.jsonl"
+    with open(bad, "wb") as f:
+        f.write(jsonl_bytes(GOOD))
+    for given in (d, os.fsdecode(bad), bad):
+        with pytest.raises(tokshuf.ConfigError, match="file name is not UTF-8"):
+            build([given], tmp_path / "out")
+    # bytes paths that are UTF-8 are taken as str ones.
+    build([os.fsencode(d / "ok.jsonl")], tmp_path / "out")
+    assert_cache_holds(tmp_path / "out", [GOOD], tok)
+
+
+def test_fifos_and_devices_are_refused_not_waited_on(tmp_path):
+    # Opening a FIFO blocks until a writer comes: found in a directory, or named directly, it
+    # is refused before any file is opened. In a subprocess, so a hang fails the test.
+    d = tmp_path / "in"
+    write_jsonl(d / "a.jsonl", GOOD)
+    os.mkfifo(d / "f.jsonl")
+    code = (
+        "import sys, tokshuf\n"
+        "try:\n"
+        "    tokshuf.build_cache([sys.argv[1]], sys.argv[2], seqlen=64, progress=False)\n"
+        "except tokshuf.TokshufIOError as e:\n"
+        "    print(e)\n"
+    )
+    for given in (d, d / "f.jsonl", "/dev/zero"):
+        out = subprocess.run(
+            [sys.executable, "-c", code, str(given), str(tmp_path / "out")], capture_output=True, text=True, timeout=120
+        )
+        assert "not a regular file" in out.stdout, out.stdout + out.stderr
+
+
+def test_a_cache_inside_its_input_directory_is_not_read_back(tmp_path, tok):
+    d = tmp_path / "data"
+    for i in range(3):
+        write_jsonl(d / f"a{i}.jsonl", GOOD[4 * i : 4 * i + 4])
+    out = d / "cache"
+    first = build([d], out)
+    assert [f["path"] for f in first.metadata["inputs"]] == ["a0.jsonl", "a1.jsonl", "a2.jsonl"]
+    # Run again, and over it: the cache's own manifest.jsonl is not an input.
+    again = build([d], out)
+    assert again.metadata["inputs"] == first.metadata["inputs"]
+    build([d], out, overwrite=True)
+    build([str(d / "**" / "*.jsonl")], out, overwrite=True)
+    assert_cache_holds(out, [GOOD[:4], GOOD[4:8], GOOD[8:]], tok)
+    with pytest.raises(tokshuf.ConfigError, match="inside the build's output"):
+        build([out / "manifest.jsonl"], out, overwrite=True)
+
+
+def test_a_glob_matching_a_folder_searches_it(tmp_path, tok):
+    for part in ("p1", "p2"):
+        write_jsonl(tmp_path / "in" / part / "x.jsonl", GOOD[:6] if part == "p1" else GOOD[6:])
+    (tmp_path / "in" / "p1" / "notes.txt").write_text("not an input")
+    stats = build([str(tmp_path / "in" / "p*")], tmp_path / "out")
+    assert [f["path"] for f in stats.metadata["inputs"]] == ["p1/x.jsonl", "p2/x.jsonl"]
+    assert_cache_holds(tmp_path / "out", [GOOD[:6], GOOD[6:]], tok)
+
+
+@pytest.mark.parametrize(
+    "opts, message",
+    [
+        (dict(seqlen=2**24 + 1), "seqlen must be at most 16777216"),
+        (dict(seqlen=2**31), "seqlen must be at most"),
+        (dict(threads=4097), "threads must be between 1 and 4096"),
+        (dict(threads=2**40), "threads must be between 1 and 4096"),
+    ],
+)
+def test_sizes_no_reader_or_machine_takes_are_refused(tmp_path, opts, message):
+    # A seqlen beyond what the reader accepts built a cache nobody could open; 2**40 threads
+    # were started until the system refused.
+    src = write_jsonl(tmp_path / "a.jsonl", GOOD)
+    with pytest.raises(tokshuf.ConfigError, match=message):
+        build([src], tmp_path / "out", **opts)
+    assert not (tmp_path / "out").exists()
 
 
 def test_same_file_given_twice_is_read_once(tmp_path, tok):

@@ -196,7 +196,7 @@ def test_missing_folder_and_options(tmp_path, caches):
     [
         dict(batch_size=10**11, prefetch=0),  # one batch: terabytes
         dict(batch_size=8, prefetch=2**40),  # the read-ahead: 2^40 batches
-        dict(batch_size=8, prefetch=4, threads=10**9),
+        dict(batch_size=2**20, prefetch=4096, threads=4096),  # 8,000 batches in flight
     ],
 )
 def test_requests_beyond_memory_are_refused_not_fatal(caches, kw):
@@ -204,6 +204,12 @@ def test_requests_beyond_memory_are_refused_not_fatal(caches, kw):
     # refused with a message instead, before anything is allocated.
     with pytest.raises(tokshuf.ConfigError, match="more than this machine's memory"):
         next(tokshuf.Reader(caches["npy"], **kw))
+
+
+@pytest.mark.parametrize("threads", [4097, 10**9, 2**63])
+def test_thread_counts_beyond_any_machine_are_refused(caches, threads):
+    with pytest.raises(tokshuf.ConfigError, match="threads must be between 1 and 4096"):
+        next(tokshuf.Reader(caches["npy"], batch_size=8, prefetch=4, threads=threads))
 
 
 def test_indices_beyond_the_range_are_config_errors(caches):

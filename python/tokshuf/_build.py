@@ -126,13 +126,13 @@ def build_cache(
             ``"tiktoken:cl100k_base"``, ``"tiktoken:o200k_base"`` (embedded), a Hugging Face
             ``tokenizer.json`` or a folder holding one, or ``"hf:ORG/NAME"`` from the local
             Hugging Face cache (never downloaded).
-        seqlen: ids per context, at least 2 (2049 = 2048 inputs and their next-token targets).
+        seqlen: ids per context, 2 to 2**24 (2049 = 2048 inputs and their next-token targets).
         chunk_size: contexts per shard (tar file).
         num_local_cells: shuffle cells ``C`` (default: one per 65,536 contexts); part of the
             order (docs/format.md §5).
         local_cell_dir: scratch folder for stage 1's spill files (default: inside ``output``).
         seed: the shuffle's seed.
-        threads: worker threads (default: all cores); for ``engine="ray"`` the CPUs of each task.
+        threads: worker threads, at most 4096 (default: all cores); for ``engine="ray"`` the CPUs of each task.
         text_key: the JSON key holding each document's text.
         format: tar members: ``"npy"`` (one context each, fixed size, memory-mapped by the
             reader), ``"json.gz"`` (what open_lm reads with ``--data-key json.gz``),
@@ -152,7 +152,7 @@ def build_cache(
             manifest.jsonl) while the inputs are still being tokenized.
         memory_limit: bound, in bytes, on the memory that grows with the input: stage 2's
             shuffle ids and its read windows (default: half of the machine's memory; docs/building.md,
-            "Large builds").
+            "Large builds"). A line longer than an eighth of it (at least 16 MiB) stops the build.
         errors: a bad line (bad JSON, missing text, invalid UTF-8, truncated compression):
             ``"raise"`` stops with its file and line, ``"skip"`` skips and counts it by reason
             in tokshuf.json.
@@ -213,10 +213,11 @@ def run_build(inputs: Union[PathLike, Iterable[PathLike]], output: PathLike, **o
         local, overwrite = options.pop("local_cell_dir", None), options.pop("overwrite", False)
         return build_to_url(run_build, inputs, output, local, overwrite, **options)
     local = options.get("local_cell_dir")
+    exclude = [output] if local is None else [output, local]
     options.update(
         # Absolute: the core records them relative to their common folder anyway, and tasks of
         # the Ray engine run in other working folders.
-        inputs=[p if is_url(p) else os.path.abspath(p) for p in expand_inputs(inputs, suffixes)],
+        inputs=[p if is_url(p) else os.path.abspath(p) for p in expand_inputs(inputs, suffixes, exclude)],
         output=os.fspath(output),
         local_cell_dir=None if local is None else os.fspath(local),
     )

@@ -21,9 +21,12 @@ def location(value: PathLike) -> str:
     """A path or URL as tokshuf takes it (docs/storage.md, as the core's ``Location::parse``):
     s3://, gs:// and az:// URLs as they are, ``file://PATH`` as PATH, any other scheme an error
     (not a relative folder named ``gcs:``)."""
-    text = os.fspath(value)
-    if not isinstance(text, str) or text.startswith(URL_SCHEMES):
-        return text  # type: ignore[return-value]
+    try:
+        text = os.fsdecode(value)  # bytes too: a file name that is not UTF-8 stays exact
+    except TypeError:
+        raise ConfigError(f"a path must be a str, bytes or os.PathLike, not {type(value).__name__}") from None
+    if text.startswith(URL_SCHEMES):
+        return text
     m = _SCHEME.match(text)
     if m is None:
         return text
@@ -52,13 +55,18 @@ def _unlistable(err: OSError) -> None:
     raise cls(f"{err.filename}: cannot list directory: {err.strerror}") from err
 
 
-def _walk(root: str, suffixes: Sequence[str]) -> Iterable[str]:
+def _inside(path: str, folders: Sequence[str]) -> bool:
+    real = os.path.realpath(path)
+    return any(real == f or real.startswith(f.rstrip(os.sep) + os.sep) for f in folders)
+
+
+def _walk(root: str, suffixes: Sequence[str], exclude: Sequence[str]) -> Iterable[str]:
     """Files under ``root`` named with one of ``suffixes``, following symlinks but never entering
-    a directory twice."""
+    a directory twice, nor one of ``exclude`` (real paths)."""
     seen = set()
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True, onerror=_unlistable):
         real = os.path.realpath(dirpath)
-        if real in seen:  # a symlink loop or a second link to the same directory
+        if real in seen or _inside(real, exclude):  # a symlink loop, a second link, the output
             dirnames[:] = []
             continue
         seen.add(real)
@@ -68,31 +76,43 @@ def _walk(root: str, suffixes: Sequence[str]) -> Iterable[str]:
                 yield os.path.join(dirpath, name)
 
 
-def expand_inputs(inputs: Union[PathLike, Iterable[PathLike]], suffixes: Sequence[str] = SUFFIXES) -> List[str]:
+def expand_inputs(
+    inputs: Union[PathLike, Iterable[PathLike]],
+    suffixes: Sequence[str] = SUFFIXES,
+    exclude: Sequence[PathLike] = (),
+) -> List[str]:
     """Files, directories (recursive), globs and object-store URLs (``s3://BUCKET/PREFIX``,
     recursive, or with a glob on keys) -> sorted list of input files (full URLs for objects).
     Directories and prefixes are searched for names ending with one of ``suffixes``; a file
     named directly is taken whatever its name.
 
     A file reachable twice (given twice, through a directory and a symlink, or by a hard
-    link) is read once.
+    link) is read once. Folders in ``exclude`` (a build's output and work folders) are never
+    searched, so a cache written inside an input directory is not read back as input; naming
+    a path inside one is a ConfigError.
     """
-    if isinstance(inputs, (str, os.PathLike)):
+    if isinstance(inputs, (str, bytes, os.PathLike)):
         inputs = [inputs]
+    skip = [os.path.realpath(os.fspath(f)) for f in exclude]
     found: List[str] = []
     for item in inputs:
         item = location(item)
+        if not item.startswith(URL_SCHEMES) and _inside(item, skip):
+            raise ConfigError(f"{item}: an input inside the build's output or work folder")
         if item.startswith(URL_SCHEMES):
             found.extend(_list_url(item, suffixes))
         elif os.path.isdir(item):
-            files = list(_walk(item, suffixes))
+            files = list(_walk(item, suffixes, skip))
             if not files:
                 raise InputNotFoundError(f"{item}: directory holds no {', '.join(suffixes)} files")
             found.extend(files)
         elif os.path.exists(item):
             found.append(item)
         elif glob.has_magic(item):
-            matches = [m for m in glob.glob(item, recursive=True) if os.path.isfile(m)]
+            matches = []
+            for m in glob.glob(item, recursive=True):  # a folder matched is searched as one given
+                if not _inside(m, skip):
+                    matches.extend(_walk(m, suffixes, skip) if os.path.isdir(m) else [m])
             if not matches:
                 raise InputNotFoundError(f"{item}: pattern matches no files")
             found.extend(matches)

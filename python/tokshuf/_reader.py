@@ -80,7 +80,7 @@ class Reader:
         start_step: the first global batch to read (as :meth:`seek` with ``step``).
         prefetch: batches read ahead on background threads (0: read on demand). The threads
             start on the first batch, never at construction, and restart after a fork.
-        threads: read-ahead threads (default: min(4, prefetch, cores)).
+        threads: read-ahead threads, at most 4096 (default: min(4, prefetch, cores)).
         dtype: the dtype of the batches.
         follow: read a cache while its build runs (see :class:`tokshuf.Cache`): the batches are
             exactly those of the finished cache, each waiting until the shards (and, for a

@@ -25,6 +25,20 @@ pub fn check_fits(bytes: Option<u64>, what: impl FnOnce() -> String) -> Result<(
     }
 }
 
+/// Most threads one pool may start: far beyond any machine's cores, and each thread holds
+/// stack and buffers, so a larger count is a mistake (2**40 would start threads until the
+/// system refused).
+pub const MAX_THREADS: usize = 4096;
+
+/// `Error::Config` unless `1 <= threads <= MAX_THREADS`.
+pub fn check_threads(threads: usize) -> Result<()> {
+    if (1..=MAX_THREADS).contains(&threads) {
+        Ok(())
+    } else {
+        Err(Error::Config(format!("threads must be between 1 and {MAX_THREADS}, not {threads}")))
+    }
+}
+
 /// Bytes in binary units, e.g. `23.5 GiB`.
 fn human(n: u64) -> String {
     const UNITS: [&str; 7] = ["bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];

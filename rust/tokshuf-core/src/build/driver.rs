@@ -207,7 +207,7 @@ impl Steps {
             Place::Dir(p) => Place::Dir(resume::work_dir(p, opts.local_cell_dir.as_deref())?),
             Place::Store { .. } => out.child(WORK_NAME),
         };
-        let cfg = steps::stage1_config(&recipe, &tok);
+        let cfg = steps::stage1_config(&recipe, &tok, opts.memory_limit());
         Ok(Steps { opts, recipe, input_root, cfg, out, work })
     }
 

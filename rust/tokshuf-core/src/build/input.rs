@@ -25,26 +25,107 @@ pub fn open(path: &Path) -> Result<Box<dyn BufRead + Send>> {
     if md.is_dir() {
         return Err(Error::io(path, std::io::Error::other("is a directory")));
     }
-    const CAP: usize = 1 << 20;
     // An empty file holds no lines whatever its name says (Python's gzip module agrees); only
     // a non-empty file must be a valid stream.
     if md.is_file() && md.len() == 0 {
         return Ok(Box::new(BufReader::new(std::io::empty())));
     }
-    let name = path.to_string_lossy();
     let pos = Arc::new(AtomicU64::new(0));
-    let size = md.len();
     let counted = Counting { inner: file, pos: pos.clone() };
-    let reader: Box<dyn BufRead + Send> = if name.ends_with(".gz") {
-        let dec = flate2::bufread::MultiGzDecoder::new(BufReader::new(counted));
-        Box::new(BufReader::with_capacity(CAP, ErrorAt { inner: dec, pos, size }))
+    decode(&path.to_string_lossy(), Box::new(counted), Some((pos, md.len())))
+}
+
+/// `raw` decoded as its name asks: `.gz` (every member, zero padding between and after them
+/// skipped, as `gzip -d` and Python's gzip module do), `.zst`/`.zstd` (every frame), else as
+/// is; a plain file that holds gzip or zstd data fails at its first read (it is not JSON, and
+/// one clear error beats a count of undecodable lines). `at`: the compressed position and
+/// size, for decoding errors to name.
+pub fn decode(name: &str, raw: Box<dyn Read + Send>, at: Option<(Arc<AtomicU64>, u64)>) -> Result<Box<dyn BufRead + Send>> {
+    const CAP: usize = 1 << 20;
+    let decoded: Box<dyn Read + Send> = if name.ends_with(".gz") {
+        Box::new(GzMembers::new(BufReader::new(raw)))
     } else if name.ends_with(".zst") || name.ends_with(".zstd") {
-        let dec = zstd::stream::read::Decoder::new(counted).map_err(|e| Error::io(path, e))?;
-        Box::new(BufReader::with_capacity(CAP, ErrorAt { inner: dec, pos, size }))
+        Box::new(zstd::stream::read::Decoder::new(raw).map_err(|e| Error::io(name, e))?)
     } else {
-        Box::new(BufReader::with_capacity(CAP, counted.inner))
+        return Ok(Box::new(NotCompressed { inner: BufReader::with_capacity(CAP, raw), checked: false }));
     };
-    Ok(reader)
+    Ok(match at {
+        Some((pos, size)) => Box::new(BufReader::with_capacity(CAP, ErrorAt { inner: decoded, pos, size })),
+        None => Box::new(BufReader::with_capacity(CAP, decoded)),
+    })
+}
+
+/// The members of a gzip stream one after another. Zero bytes after a member (tape or block
+/// padding) are skipped; anything else there must be the next member.
+struct GzMembers<R: BufRead> {
+    member: Option<flate2::bufread::GzDecoder<R>>,
+}
+
+impl<R: BufRead> GzMembers<R> {
+    fn new(inner: R) -> Self {
+        GzMembers { member: Some(flate2::bufread::GzDecoder::new(inner)) }
+    }
+}
+
+impl<R: BufRead> Read for GzMembers<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        loop {
+            let Some(member) = self.member.as_mut() else { return Ok(0) };
+            let n = member.read(buf)?;
+            if n > 0 || buf.is_empty() {
+                return Ok(n);
+            }
+            let Some(mut inner) = self.member.take().map(|m| m.into_inner()) else { return Ok(0) };
+            loop {
+                let avail = inner.fill_buf()?;
+                if avail.is_empty() {
+                    return Ok(0);
+                }
+                let zeros = avail.iter().take_while(|&&b| b == 0).count();
+                if zeros == 0 {
+                    break;
+                }
+                inner.consume(zeros);
+            }
+            self.member = Some(flate2::bufread::GzDecoder::new(inner));
+        }
+    }
+}
+
+/// A stream named as plain text whose first bytes are checked for a gzip or zstd header.
+struct NotCompressed<R> {
+    inner: R,
+    checked: bool,
+}
+
+impl<R: BufRead> BufRead for NotCompressed<R> {
+    fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
+        if !self.checked {
+            let head = self.inner.fill_buf()?;
+            for (magic, what, suffix) in [(&b"\x1f\x8b"[..], "gzip", ".gz"), (&b"\x28\xb5\x2f\xfd"[..], "zstd", ".zst")] {
+                if head.starts_with(magic) {
+                    return Err(std::io::Error::other(format!(
+                        "the file holds {what}-compressed data but its name does not end in {suffix}"
+                    )));
+                }
+            }
+            self.checked = true;
+        }
+        self.inner.fill_buf()
+    }
+    fn consume(&mut self, n: usize) {
+        self.inner.consume(n)
+    }
+}
+
+impl<R: BufRead> Read for NotCompressed<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let avail = self.fill_buf()?;
+        let n = avail.len().min(buf.len());
+        buf[..n].copy_from_slice(&avail[..n]);
+        self.consume(n);
+        Ok(n)
+    }
 }
 
 /// Counts the bytes read from the (compressed) file.
@@ -78,17 +159,32 @@ impl<R: Read> Read for ErrorAt<R> {
 }
 
 /// Reads a stream into batches of whole lines (one buffer, many line ends: no per-line
-/// allocation). A decoding failure is reported with the line it happened on.
+/// allocation). A decoding failure is reported with the line it happened on, and so is a line
+/// longer than `max_line` bytes (as `LineTooLong`), before more of it is held.
 pub struct LineBatcher<R> {
     inner: R,
     pub next_line: u64,
-    pub bytes_read: u64,
+    max_line: usize,
     eof: bool,
 }
 
+/// The error of a line longer than a build may hold.
+#[derive(Debug)]
+pub struct LineTooLong {
+    pub max_line: usize,
+}
+
+impl fmt::Display for LineTooLong {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "a line longer than {} bytes", self.max_line)
+    }
+}
+
+impl std::error::Error for LineTooLong {}
+
 impl<R: BufRead> LineBatcher<R> {
-    pub fn new(inner: R) -> Self {
-        LineBatcher { inner, next_line: 1, bytes_read: 0, eof: false }
+    pub fn new(inner: R, max_line: usize) -> Self {
+        LineBatcher { inner, next_line: 1, max_line, eof: false }
     }
     /// Fill `buf` with whole lines (ends recorded in `ends`) until about `target` bytes.
     /// Returns Ok(false) at end of stream with nothing read.
@@ -96,12 +192,33 @@ impl<R: BufRead> LineBatcher<R> {
         buf.clear();
         ends.clear();
         while !self.eof && buf.len() < target {
-            let n = self.inner.read_until(b'\n', buf)?;
-            if n == 0 {
-                self.eof = true;
+            let start = buf.len();
+            loop {
+                let avail = match self.inner.fill_buf() {
+                    Ok(avail) => avail,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(e),
+                };
+                if avail.is_empty() {
+                    self.eof = true;
+                    break;
+                }
+                let (take, ended) = match memchr::memchr(b'\n', avail) {
+                    Some(i) => (i + 1, true),
+                    None => (avail.len(), false),
+                };
+                buf.extend_from_slice(&avail[..take]);
+                self.inner.consume(take);
+                if buf.len() - start > self.max_line {
+                    return Err(std::io::Error::other(LineTooLong { max_line: self.max_line }));
+                }
+                if ended {
+                    break;
+                }
+            }
+            if buf.len() == start {
                 break;
             }
-            self.bytes_read += n as u64;
             if self.next_line == 1 && ends.is_empty() && buf.starts_with(b"\xEF\xBB\xBF") {
                 buf.drain(..3); // a UTF-8 BOM is not part of the first JSON line
             }
@@ -358,12 +475,23 @@ mod tests {
     #[test]
     fn bom_is_stripped_from_the_first_line_only() {
         let data = b"\xEF\xBB\xBF{\"text\": \"a\"}\r\n\xEF\xBB\xBF{\"text\": \"b\"}".to_vec();
-        let mut lines = LineBatcher::new(&data[..]);
+        let mut lines = LineBatcher::new(&data[..], 1 << 20);
         let (mut buf, mut ends) = (Vec::new(), Vec::new());
         assert!(lines.fill(&mut buf, &mut ends, 1 << 20).unwrap());
         assert_eq!(ends.len(), 2);
         assert_eq!(parse_line(buf[..ends[0]].strip_suffix(b"\n").unwrap(), "text"), Line::Text("a".into()));
         assert!(matches!(parse_line(&buf[ends[0]..ends[1]], "text"), Line::Bad(SkipReason::InvalidJson, _)));
+    }
+
+    #[test]
+    fn a_line_longer_than_the_limit_is_an_error_at_its_number_before_more_is_held() {
+        let data = [&b"{\"text\": \"a\"}\n"[..], &[b'x'; 5000][..], b"\n"].concat();
+        let mut lines = LineBatcher::new(std::io::BufReader::with_capacity(64, &data[..]), 1000);
+        let (mut buf, mut ends) = (Vec::new(), Vec::new());
+        let err = lines.fill(&mut buf, &mut ends, 1 << 20).unwrap_err();
+        assert!(err.get_ref().is_some_and(|e| e.is::<LineTooLong>()), "{err}");
+        assert_eq!((ends.len(), lines.next_line), (1, 2));
+        assert!(buf.len() <= 1100, "{}", buf.len());
     }
 
     #[test]

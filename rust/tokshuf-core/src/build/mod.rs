@@ -140,7 +140,7 @@ pub fn build(opts: &BuildOptions, cancel: Arc<AtomicBool>) -> Result<Metadata> {
             .build()
             .map_err(|e| Error::Config(format!("cannot start {threads} threads: {e}")))?,
     );
-    let cfg = steps::stage1_config(&job.recipe, &tok);
+    let cfg = steps::stage1_config(&job.recipe, &tok, opts.memory_limit());
     let mut run = Run {
         opts,
         job,

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use crate::error::{Error, Result};
-use crate::format::{ErrorPolicy, Format, InputKind, Packing, Tail, MAX_BLOCK_SIZE};
+use crate::format::{self, ErrorPolicy, Format, InputKind, Packing, Tail, MAX_BLOCK_SIZE};
 use crate::tokenize::Backend;
 
 /// Everything a caller chooses. Only `threads`, `memory_limit`, `local_cell_dir` and
@@ -104,8 +104,11 @@ impl BuildOptions {
         if self.num_local_cells == Some(0) {
             return Err(Error::Config("num_local_cells must be positive, not 0".into()));
         }
-        if self.threads == Some(0) {
-            return Err(Error::Config("threads must be positive, not 0".into()));
+        if self.seqlen as u64 > format::MAX_SEQLEN {
+            return Err(Error::Config(format!("seqlen must be at most {} (2**24), not {}", format::MAX_SEQLEN, self.seqlen)));
+        }
+        if let Some(n) = self.threads {
+            crate::memory::check_threads(n)?;
         }
         if self.memory_limit == Some(0) {
             return Err(Error::Config("memory_limit must be positive, not 0".into()));

@@ -91,7 +91,14 @@ pub fn input_files(given: &[PathBuf]) -> Result<(Vec<InputFile>, Option<PathBuf>
     let mut named: Vec<(String, PathBuf)> = urls.into_iter().map(|u| (u.clone(), PathBuf::from(u))).collect();
     for abs in local {
         let rel = root.as_deref().and_then(|r| abs.strip_prefix(r).ok()).unwrap_or(&abs);
-        named.push((rel.to_string_lossy().into_owned(), abs.clone()));
+        // tokshuf.json records the name as JSON text, which cannot hold other bytes.
+        let name = rel.to_str().ok_or_else(|| {
+            Error::Config(format!(
+                "{}: the file name is not UTF-8, and tokshuf records input names as UTF-8 text: rename the file",
+                abs.display()
+            ))
+        })?;
+        named.push((name.to_string(), abs.clone()));
     }
     named.sort();
     named.dedup_by(|a, b| a.0 == b.0);
@@ -106,10 +113,12 @@ pub fn input_files(given: &[PathBuf]) -> Result<(Vec<InputFile>, Option<PathBuf>
             if md.is_dir() {
                 return Err(Error::io(&open, std::io::Error::other("is a directory, not an input file")));
             }
-            if md.is_file() {
-                // Fail before hours of work on file 1, not when file 900 turns out unreadable.
-                File::open(&open).map_err(|e| Error::io(&open, e))?;
+            if !md.is_file() {
+                // Opening a FIFO waits for a writer, and a resumed build must read its inputs again.
+                return Err(Error::io(&open, std::io::Error::other("not a regular file (a FIFO, socket or device), not an input file")));
             }
+            // Fail before hours of work on file 1, not when file 900 turns out unreadable.
+            File::open(&open).map_err(|e| Error::io(&open, e))?;
             Ok(InputFile { path, bytes: md.len() })
         })
         .collect::<Result<Vec<_>>>()?;

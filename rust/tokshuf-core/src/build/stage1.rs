@@ -48,7 +48,19 @@ pub struct Stage1Config {
     pub vocab_size: u32,
     /// The inputs as the recipe records them: how tokshuf.json names a skipped line's file.
     pub input_names: Vec<String>,
+    /// The longest line a build may hold (`max_line`), in bytes.
+    pub max_line: usize,
 }
+
+/// The longest line a build with `memory_limit` holds: tokenizing a line takes about five
+/// times its bytes, so an eighth of the limit, but never less than `MIN_MAX_LINE`, which the
+/// constant beside the limit covers. Like the limit, it never changes the bytes of a cache:
+/// a longer line stops the build.
+pub fn max_line(memory_limit: u64) -> usize {
+    (memory_limit / 8).clamp(MIN_MAX_LINE, usize::MAX as u64) as usize
+}
+
+pub const MIN_MAX_LINE: u64 = 16 << 20;
 
 /// Names of file `file`'s spill and summary in the work folder.
 pub fn spill_name(file: usize) -> String {
@@ -190,7 +202,7 @@ pub fn run(
                     while open.len() < window {
                         let Some((file, path)) = queue.next() else { break };
                         match input::open(path) {
-                            Ok(r) => open.push_back((*file, LineBatcher::new(r))),
+                            Ok(r) => open.push_back((*file, LineBatcher::new(r, cfg.max_line))),
                             Err(error) => {
                                 emit(Job::OpenError { error });
                                 return;
@@ -314,6 +326,13 @@ impl Consume<'_> {
                     Done::Passthrough(Job::StreamError { line, error, .. }) => {
                         if crate::storage::remote_error(&error).is_some() {
                             return Err(crate::storage::unwrap_io(&crate::storage::Location::Local(paths[file].clone()), error));
+                        }
+                        if let Some(long) = error.get_ref().and_then(|e| e.downcast_ref::<input::LineTooLong>()) {
+                            return Err(Error::Config(format!(
+                                "{}:{line}: {long}: a build holds lines up to an eighth of memory_limit (at least {} MiB); raise memory_limit",
+                                paths[file].display(),
+                                MIN_MAX_LINE >> 20
+                            )));
                         }
                         let w = writers.get_mut(&file).expect("inserted above");
                         let reason = format!("cannot decompress or read: {error}");
@@ -657,6 +676,7 @@ mod tests {
             bins: None,
             vocab_size: 256,
             input_names: vec!["in.jsonl".into()],
+            max_line: 1 << 20,
         }
     }
 

@@ -90,7 +90,7 @@ pub fn job(opts: &BuildOptions, tok: &Tokenizer) -> Result<Job> {
 }
 
 /// What stage 1 needs of the recipe and tokenizer.
-pub fn stage1_config(recipe: &Recipe, tok: &Tokenizer) -> Arc<Stage1Config> {
+pub fn stage1_config(recipe: &Recipe, tok: &Tokenizer, memory_limit: u64) -> Arc<Stage1Config> {
     Arc::new(Stage1Config {
         encoder: tok.encoder.clone(),
         text_key: recipe.text_key.clone(),
@@ -105,6 +105,7 @@ pub fn stage1_config(recipe: &Recipe, tok: &Tokenizer) -> Arc<Stage1Config> {
         bins: recipe.bins.clone(),
         vocab_size: recipe.tokenizer.vocab_size,
         input_names: recipe.inputs.iter().map(|f| f.path.clone()).collect(),
+        max_line: stage1::max_line(memory_limit),
     })
 }
 

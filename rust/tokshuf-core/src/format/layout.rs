@@ -17,6 +17,9 @@ pub const ZSTD_LEVEL: i32 = 3;
 pub const DEFAULT_BLOCK_SIZE: u64 = 64;
 /// Largest block: a block is decoded whole, so this bounds what one read holds.
 pub const MAX_BLOCK_SIZE: u64 = 1 << 16;
+/// Longest context: builds refuse more and readers trust no more (it bounds what tokshuf.json
+/// can make a reader allocate).
+pub const MAX_SEQLEN: u64 = 1 << 24;
 
 /// The NumPy format 1.0 header of a little-endian array of `shape` ids, padded to 64 bytes.
 pub fn npy_header_shaped(dtype: Dtype, shape: &[u64]) -> Vec<u8> {

@@ -303,7 +303,7 @@ impl<A: Assemble> Prefetcher<A> {
     /// per thread).
     pub fn start(spec: Arc<A>, first: u64, every: u64, threads: usize, depth: usize) -> Result<Prefetcher<A>> {
         let every = every.max(1);
-        let threads = threads.max(1);
+        crate::memory::check_threads(threads)?;
         let per_worker = depth.div_ceil(threads).max(1);
         let in_flight = threads.saturating_mul(per_worker + 1).saturating_add(2);
         crate::memory::check_fits(spec.batch_bytes().and_then(|b| b.checked_mul(in_flight as u64)), || {

@@ -11,10 +11,8 @@ use sha2::{Digest, Sha256};
 use super::chunk::Layout;
 use super::manifest_line::fast_fields;
 use crate::error::{Error, Result};
-use crate::format::{self, shard_path, Dtype, Format, ManifestLine, Metadata, Status, MAX_BLOCK_SIZE, META_NAME};
+use crate::format::{self, shard_path, Dtype, Format, ManifestLine, Metadata, Status, MAX_BLOCK_SIZE, MAX_SEQLEN, META_NAME};
 
-/// Longest context the reader accepts (guards allocations driven by tokshuf.json).
-const MAX_SEQLEN: u64 = 1 << 24;
 /// The fields of tokshuf.json the reader relies on, validated.
 #[derive(Clone, Debug)]
 pub struct CacheMeta {

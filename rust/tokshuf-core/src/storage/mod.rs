@@ -419,8 +419,7 @@ pub fn open_input(url: &str) -> Result<Box<dyn std::io::BufRead + Send>> {
     if reader.is_empty() {
         return Ok(Box::new(std::io::BufReader::new(std::io::empty())));
     }
-    let decoded = decoder(&loc.file_name(), Box::new(reader))?;
-    Ok(Box::new(std::io::BufReader::with_capacity(1 << 20, decoded)))
+    crate::build::input::decode(&loc.file_name(), Box::new(reader), None)
 }
 
 /// The tokshuf error carried by an I/O error from `RemoteReader`, if it is one.
@@ -431,19 +430,6 @@ pub fn remote_error(e: &std::io::Error) -> Option<&Error> {
 /// Size of an input named by a local path or a URL.
 pub fn input_size(path: &str) -> Result<u64> {
     head(&Location::parse(path)?)
-}
-
-/// Wrap a byte stream in the decoder its name asks for: `.gz` (every member of a
-/// multi-member file), `.zst`/`.zstd` (every frame), else as is.
-pub fn decoder(name: &str, inner: Box<dyn Read + Send>) -> Result<Box<dyn Read + Send>> {
-    if name.ends_with(".gz") {
-        Ok(Box::new(flate2::read::MultiGzDecoder::new(inner)))
-    } else if name.ends_with(".zst") || name.ends_with(".zstd") {
-        let dec = zstd::stream::read::Decoder::new(inner).map_err(|e| Error::io(name, e))?;
-        Ok(Box::new(dec))
-    } else {
-        Ok(inner)
-    }
 }
 
 #[cfg(test)]
