@@ -10,7 +10,10 @@ from typing_extensions import final
 _StrPath = Union[str, "os.PathLike[str]"]
 
 __version__: str
+# Global examples a reader reaches: indices stay below it.
+_MAX_EXAMPLE: int
 __all__ = [
+    "_MAX_EXAMPLE",
     "BlendSchedule",
     "BuildSteps",
     "Cache",
@@ -28,6 +31,7 @@ __all__ = [
     "_storage_get_range",
     "_storage_head",
     "_storage_list",
+    "_storage_location",
     "_storage_publish",
     "_storage_put",
     "_storage_read",
@@ -305,6 +309,10 @@ def _storage_get_range(url: str, start: int, end: int) -> bytes:
 
 def _storage_put(path: str, url: str) -> None:
     """Upload a local file as one whole object (multipart above one part, completed or aborted)."""
+
+def _storage_location(path: _StrPath) -> str:
+    """A path or URL as tokshuf takes it: a store URL as given, ``file://PATH`` as PATH, a
+    local path as given; another scheme is a ``ConfigError``."""
 
 def _storage_head(url: str) -> int:
     """Size of an object; ``InputNotFoundError`` when there is none."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import glob
 import os
-import re
 from typing import Iterable, List, Optional, Sequence, Union
 
 from .exceptions import ConfigError, InputNotFoundError, TokshufIOError, TokshufPermissionError
@@ -14,27 +13,19 @@ SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".jsonl.zstd")
 # Inputs of a shuffle-only build: tar shards of contexts.
 SHARD_SUFFIXES = (".tar",)
 URL_SCHEMES = ("s3://", "gs://", "az://")
-_SCHEME = re.compile(r"([A-Za-z0-9+.-]+)://")
 
 
 def location(value: PathLike) -> str:
-    """A path or URL as tokshuf takes it (docs/storage.md, as the core's ``Location::parse``):
+    """A path or URL as tokshuf takes it (docs/storage.md; the core's ``Location::parse``):
     s3://, gs:// and az:// URLs as they are, ``file://PATH`` as PATH, any other scheme an error
     (not a relative folder named ``gcs:``)."""
+    from . import _core
+
     try:
         text = os.fsdecode(value)  # bytes too: a file name that is not UTF-8 stays exact
     except TypeError:
         raise ConfigError(f"a path must be a str, bytes or os.PathLike, not {type(value).__name__}") from None
-    if text.startswith(URL_SCHEMES):
-        return text
-    m = _SCHEME.match(text)
-    if m is None:
-        return text
-    if m.group(1) == "file":
-        return text[len("file://") :]
-    raise ConfigError(
-        f"{text}: unsupported URL scheme '{m.group(1)}://' (tokshuf reads s3://, gs://, az://, file:// and local paths)"
-    )
+    return _core._storage_location(text)
 
 
 def input_suffixes(ext: Optional[str], shuffle_only: bool) -> Sequence[str]:

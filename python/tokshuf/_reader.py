@@ -9,6 +9,7 @@ from typing import Any, Dict, Iterator, Literal, Optional, Tuple, Union
 
 import numpy as np
 
+from . import _core
 from ._blend import Blend
 from ._boundaries import LAYOUTS, Boundaries, document_boundaries
 from ._cache import Cache, PathLike, _dtype_name
@@ -17,7 +18,7 @@ from .exceptions import ConfigError, StateMismatchError
 
 STATE_VERSION = 1
 
-_MAX_EXAMPLE = 1 << 62
+_MAX_EXAMPLE = _core._MAX_EXAMPLE  # 2**62
 
 
 def shift_targets(batch: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:

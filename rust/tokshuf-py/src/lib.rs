@@ -144,6 +144,7 @@ fn utf8<'a>(text: &'a Bound<'_, PyString>) -> PyResult<std::borrow::Cow<'a, str>
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("_MAX_EXAMPLE", tokshuf_core::read::reader::MAX_EXAMPLE)?;
     m.add_function(wrap_pyfunction!(build_cache, m)?)?;
     m.add_class::<Tokenizer>()?;
     blend::register(m)?;

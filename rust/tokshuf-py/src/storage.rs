@@ -57,6 +57,18 @@ fn _storage_head(py: Python<'_>, url: String) -> PyResult<u64> {
     py.detach(|| storage::head(&Location::parse(&url)?)).map_err(to_pyerr)
 }
 
+/// A path or URL as tokshuf takes it (`Location::parse`): a URL of a store as given,
+/// `file://PATH` as PATH, a local path as given; another scheme is a `ConfigError`.
+#[pyfunction]
+fn _storage_location(path: PathBuf) -> PyResult<std::ffi::OsString> {
+    // A name that is not UTF-8 is no URL: a local path, kept byte for byte.
+    let Some(text) = path.to_str() else { return Ok(path.into_os_string()) };
+    match Location::parse(text).map_err(to_pyerr)? {
+        Location::Local(p) => Ok(p.into_os_string()),
+        Location::Remote(_) => Ok(path.into_os_string()),
+    }
+}
+
 /// Delete an object (one already gone is fine).
 #[pyfunction]
 fn _storage_delete(py: Python<'_>, url: String) -> PyResult<()> {
@@ -75,12 +87,13 @@ fn _storage_publish(py: Python<'_>, local: PathBuf, url: String, overwrite: bool
 /// lists it, so a wrong bucket or refused credentials show before a build starts.
 #[pyfunction]
 fn _storage_check_output(py: Python<'_>, url: String) -> PyResult<()> {
-    py.detach(|| storage::publish::check_output(&Location::parse(&url)?).map(drop)).map_err(to_pyerr)
+    py.detach(|| storage::publish::check_output(&Location::parse(&url)?)).map_err(to_pyerr)
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_storage_check_output, m)?)?;
     m.add_function(wrap_pyfunction!(_storage_list, m)?)?;
+    m.add_function(wrap_pyfunction!(_storage_location, m)?)?;
     m.add_function(wrap_pyfunction!(_storage_read, m)?)?;
     m.add_function(wrap_pyfunction!(_storage_get_range, m)?)?;
     m.add_function(wrap_pyfunction!(_storage_put, m)?)?;

@@ -2,14 +2,12 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use super::place::Place;
 use crate::error::{Error, Result};
 use crate::format::{self, ManifestLine, MANIFEST_NAME};
-use crate::testhook;
 
 /// Least time between two uploads of a growing manifest to an object store: each upload is
 /// the whole object (stores cannot append), so a long manifest is not sent once per chunk.
@@ -69,13 +67,10 @@ impl Manifest {
                 Sink::Append(file, path) => {
                     let data = manifest_text(&self.lines[start..]);
                     if let Some(f) = file.as_mut() {
-                        if let Err(e) = testhook::charge(data.len()).and_then(|_| f.write_all(&data)) {
-                            // Lines that did not fit (a full disk): whatever part of them was
-                            // written is taken back and nothing more is appended, so a later
-                            // line (a build drains its chunks in flight after an error) cannot
-                            // follow a gap and the file stays a prefix of whole lines: the
-                            // lines listed before these.
-                            let _ = f.set_len(manifest_text(&self.lines[..start]).len() as u64);
+                        let len = manifest_text(&self.lines[..start]).len() as u64;
+                        if let Err(e) = format::append_lines(f, len, &data) {
+                            // Nothing more is appended: a later line (a build drains its
+                            // chunks in flight after an error) must not follow a gap.
                             *file = None;
                             return Err(Error::io(&*path, e));
                         }

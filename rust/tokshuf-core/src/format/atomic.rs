@@ -6,6 +6,16 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
+/// Append whole lines `data` to `file`, which holds `len` bytes of whole lines. If the write
+/// fails (a full disk), the part of `data` written is taken back, so the file stays whole
+/// lines: a reader never sees a torn one, and the same lines may be appended again later.
+pub fn append_lines(file: &mut std::fs::File, len: u64, data: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    crate::testhook::charge(data.len()).and_then(|_| file.write_all(data)).inspect_err(|_| {
+        let _ = file.set_len(len);
+    })
+}
+
 /// Write `data` to `path` through a temporary name in the same folder, fsynced, then renamed.
 pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
     write_atomic_as(path, data, &path.file_name().unwrap_or_default().to_string_lossy())

@@ -11,7 +11,6 @@
 //! size and sha256 the download is checked against). Whether the build runs is its lease's
 //! business (`storage::lease`).
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, RwLock};
@@ -133,13 +132,9 @@ impl Watch for RemoteWatch {
             if end > 0 {
                 let path = self.mirror.join(MANIFEST_NAME);
                 let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&path).map_err(|e| Error::io(&path, e))?;
-                if let Err(e) = f.write_all(&text[..end]) {
-                    // The mirror holds exactly the `manifest_off` bytes synced so far: a part
-                    // written before the error (a full disk) is taken back, so that the next
-                    // sync, which sends the same lines again, does not follow a torn line.
-                    let _ = f.set_len(st.manifest_off);
-                    return Err(Error::io(&path, e));
-                }
+                // The mirror holds the `manifest_off` bytes synced so far; after a failed
+                // append the next sync sends the same lines again.
+                crate::format::append_lines(&mut f, st.manifest_off, &text[..end]).map_err(|e| Error::io(&path, e))?;
                 self.shards.add_lines(&text[..end], &path)?;
                 st.manifest_off += end as u64;
             }

@@ -91,7 +91,7 @@ impl Location {
         if let Some((scheme, _)) = s.split_once("://") {
             if !scheme.is_empty() && scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c)) {
                 return Err(Error::Config(format!(
-                    "{s}: unsupported URL scheme '{scheme}://' (tokshuf reads s3://, gs://, az:// and local paths)"
+                    "{s}: unsupported URL scheme '{scheme}://' (tokshuf reads s3://, gs://, az://, file:// and local paths)"
                 )));
             }
         }

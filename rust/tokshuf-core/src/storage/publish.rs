@@ -43,11 +43,21 @@ fn read_json(bytes: &[u8], what: &str) -> Result<Value> {
     serde_json::from_slice(bytes).map_err(|e| Error::corrupt(what, format!("not valid JSON: {e}")))
 }
 
+/// Refuse a prefix that holds objects tokshuf does not write or that another build is
+/// writing into. Run before a build, so that a mistake in the URL, the bucket or the
+/// credentials shows before any work.
+pub fn check_output(dest: &Location) -> Result<()> {
+    let (names, _) = list_output(dest)?;
+    if names.iter().any(|n| n == LOCK_NAME) {
+        // Refused if live; else given up at once (a stale lease is a build that died).
+        drop(Lease::take(dest.join(LOCK_NAME), &dest.to_string())?);
+    }
+    Ok(())
+}
+
 /// Names directly under `dest` (the first part of each key below it) and every object's
-/// location, after refusing a prefix that holds objects tokshuf does not write or that
-/// another build is writing into. Run before a build too: a mistake in the URL, the bucket or
-/// the credentials shows before any work.
-pub fn check_output(dest: &Location) -> Result<(Vec<String>, Vec<Location>)> {
+/// location, after refusing a prefix that holds objects tokshuf does not write.
+fn list_output(dest: &Location) -> Result<(Vec<String>, Vec<Location>)> {
     let base = format!("{}/", dest.to_string().trim_end_matches('/'));
     let found = list(&base)?;
     let mut names: Vec<String> = found
@@ -61,10 +71,6 @@ pub fn check_output(dest: &Location) -> Result<(Vec<String>, Vec<Location>)> {
         return Err(Error::OutputExists(format!(
             "{dest}: holds objects tokshuf did not write ({foreign:?}); choose an empty or new prefix"
         )));
-    }
-    if names.iter().any(|n| n == LOCK_NAME) {
-        // Refused if live; else given up at once (a stale lease is a build that died).
-        drop(Lease::take(dest.join(LOCK_NAME), &dest.to_string())?);
     }
     Ok((names, found.into_iter().map(|e| e.location).collect()))
 }
@@ -90,7 +96,9 @@ pub fn publish(local: &Path, dest: &Location, overwrite: bool) -> Result<Publish
         shards.push(format!("{expect}.tar"));
     }
 
-    let (names, found) = check_output(dest)?;
+    // Listed first, so nothing is written into a prefix of foreign objects; the lease
+    // refuses another build's live one.
+    let (names, found) = list_output(dest)?;
     let lease = Lease::take(dest.join(LOCK_NAME), &dest.to_string())?;
     let remote_meta = dest.join(META);
     let existing = match super::get(&remote_meta)? {
