@@ -6,8 +6,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -85,9 +88,61 @@ def test_negative_steps(cache):
     assert_one_line_error(run("read", str(cache), "--batch-size", "2", "--steps", "-1"), "--steps", "must be in [0,")
 
 
-def test_memory_limit_that_is_not_a_size(tmp_path):
-    r = run("build", "-i", str(tmp_path), "-o", str(tmp_path / "o"), "--memory-limit", "lots")
-    assert_one_line_error(r, "'lots' is not a size", code=2)
+@pytest.mark.parametrize("size", ["lots", "infG", "1e400G"])
+def test_memory_limit_that_is_not_a_size(tmp_path, size):
+    r = run("build", "-i", str(tmp_path), "-o", str(tmp_path / "o"), "--memory-limit", size)
+    assert_one_line_error(r, f"'{size}' is not a size", code=2)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["inspect", "CACHE", "--chars", "-5"], ["blend", "CACHE:1", "--num-examples", "-5"]],
+    ids=["inspect-chars", "blend-num-examples"],
+)
+def test_negative_counts_are_malformed_options(cache, argv):
+    r = run(*[str(cache) if a == "CACHE" else a.replace("CACHE", str(cache)) for a in argv])
+    assert_one_line_error(r, "'-5' is not a count", code=2)
+
+
+def test_output_json_where_it_cannot_be_written_is_refused_before_the_build(tmp_path):
+    inputs = three_files(tmp_path / "in")
+    (tmp_path / "rec.json").write_text('{"name": "x"}')
+    for where in (tmp_path / "missing" / "out.json", tmp_path):
+        r = run(
+            "build", "-i", str(inputs[0]), "-o", str(tmp_path / "o"), "--input-json", str(tmp_path / "rec.json"),
+            "--output-json", str(where), "--tokenizer", "tiktoken:r50k_base",
+        )  # fmt: skip
+        assert_one_line_error(r, "--output-json", "not a file name in an existing folder")
+        assert not (tmp_path / "o").exists()
+
+
+def test_an_empty_output_path_is_refused(tmp_path):
+    inputs = three_files(tmp_path / "in")
+    (tmp_path / "other.txt").write_text("x")
+    assert_one_line_error(run("build", "-i", str(inputs[0]), "-o", "", cwd=tmp_path), "an empty path")
+    assert sorted(os.listdir(tmp_path)) == ["in", "other.txt"]
+
+
+def test_a_full_stdout_is_one_line_not_a_traceback(cache):
+    with open("/dev/full", "w") as full:
+        r = subprocess.run(
+            [sys.executable, "-m", "tokshuf", "read", str(cache), "--batch-size", "2", "--steps", "2"],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=300,
+        )
+    assert_one_line_error(r, "No space left on device")
+
+
+def test_verify_quiet_prints_only_the_problems(cache, tmp_path):
+    r = run("verify", "--quiet", str(cache))
+    assert (r.returncode, r.stdout, r.stderr) == (0, "", "")
+    bad = tmp_path / "bad"
+    shutil.copytree(cache, bad)
+    (bad / "shard_00000000.tar").write_bytes(b"")
+    r = run("verify", "--quiet", str(bad))
+    assert r.returncode == 1 and r.stdout.splitlines() == tokshuf.verify(bad).problems
 
 
 def test_output_that_is_a_file(tmp_path):
@@ -110,6 +165,14 @@ def test_unknown_tokenizer_lists_the_valid_specs(tmp_path):
 def test_debug_shows_the_traceback(tmp_path):
     r = run("build", "-i", str(tmp_path / "missing.jsonl"), "-o", str(tmp_path / "o"), env={"TOKSHUF_DEBUG": "1"})
     assert r.returncode != 0 and "Traceback" in r.stderr and "InputNotFoundError" in r.stderr
+    r = run("build", "-i", str(tmp_path / "missing.jsonl"), "-o", str(tmp_path / "o"), env={"TOKSHUF_DEBUG": "0"})
+    assert_one_line_error(r, "missing.jsonl")
+
+
+def test_a_warning_is_one_line(cache):
+    r = run("blend", f"{cache}:1", f"{cache}:2")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.startswith("tokshuf: warning: blend: ") and len(r.stderr.splitlines()) == 1, r.stderr
 
 
 def test_build_summary_goes_to_stdout(tmp_path):
@@ -241,6 +304,19 @@ def test_ctrl_c_message_has_a_line_of_its_own(tmp_path):
     assert re.fullmatch(rf"tokenize {BAR} [12]/3 files \| {RATES} \| \d+s", screen[0]), screen[0]
     assert screen[1] == "tokshuf: interrupted; run the same command again to resume"
     assert r.stdout == ""
+
+
+def test_an_interrupted_read_does_not_promise_a_resume(cache):
+    p = subprocess.Popen(
+        [sys.executable, "-m", "tokshuf", "read", str(cache), "--batch-size", "2", "--steps", "100000000"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(2)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert (p.returncode, err) == (130, "tokshuf: interrupted\n")
 
 
 def test_nothing_but_the_summary_when_stderr_is_not_a_terminal(tmp_path):

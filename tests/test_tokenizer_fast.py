@@ -11,6 +11,7 @@ pre-tokenizers against ``tokenizers``' Split on the same patterns.
 from __future__ import annotations
 
 import functools
+import gzip
 import json
 
 import pytest
@@ -590,7 +591,37 @@ def test_check_tokenizer_cli_unsupported_tokenizer(tmp_path, capsys):
     path = tmp_path / "tok.json"
     path.write_text(json.dumps(unsupported("nfkc")), encoding="utf-8")
     assert main(["check-tokenizer", str(path), str(SAMPLE / "kjv.jsonl")]) == 2
-    assert "normalizer" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith("tokshuf: error: ") and "normalizer" in err
+
+
+def test_check_tokenizer_cli_bad_corpora_are_errors_not_a_pass(tmp_path, capsys):
+    from tokshuf.__main__ import main
+
+    def error(*argv: str) -> str:
+        assert main(["check-tokenizer", "tiktoken:r50k_base", *argv]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("tokshuf: error: ") and len(err.splitlines()) == 1, err
+        return err
+
+    # Damaged streams: one line naming the file, as a build gives (it was a traceback).
+    (tmp_path / "a.jsonl.gz").write_bytes(b"not gzip at all")
+    assert "a.jsonl.gz:1: cannot decompress" in error(str(tmp_path / "a.jsonl.gz"))
+    whole = gzip.compress(b'{"text": "a"}\n' * 1000)
+    (tmp_path / "t.jsonl.gz").write_bytes(whole[: len(whole) // 2])
+    assert "t.jsonl.gz" in error(str(tmp_path / "t.jsonl.gz"))
+    # Nothing compared is not "ids identical": a wrong --text-key finds no documents.
+    err = error(str(SAMPLE / "kjv.jsonl"), "--text-key", "nope")
+    assert "no documents to compare" in err and 'kjv.jsonl:1: no "nope" key' in err
+
+
+def test_check_tokenizer_cli_gpt2_alias_needs_no_network(capsys):
+    # tiktoken's own "gpt2" constructor downloads its files; the reference uses the embedded
+    # r50k_base ranks, which are the same.
+    from tokshuf.__main__ import main
+
+    assert main(["check-tokenizer", "tiktoken:gpt2", str(SAMPLE / "kjv.jsonl"), "--limit", "5"]) == 0
+    assert "5 documents" in capsys.readouterr().out
 
 
 def test_check_tokenizer_ignores_truncation_and_padding_as_builds_do(tmp_path, capsys):

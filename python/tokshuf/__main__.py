@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 from typing import List, Optional
 
 from . import _cli_blend, _cli_build, _cli_check, _cli_read, _cli_status, _cli_verify
@@ -31,9 +32,13 @@ def make_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = make_parser().parse_args(argv)
-    debug = bool(os.environ.get("TOKSHUF_DEBUG"))
+    debug = os.environ.get("TOKSHUF_DEBUG", "") not in ("", "0")
     try:
-        return int(args.func(args) or 0)
+        with warnings.catch_warnings():
+            if not debug:
+                # A warning is one line, as an error is, not Python's file:line and source.
+                warnings.showwarning = lambda message, *_, **__: print(f"tokshuf: warning: {message}", file=sys.stderr)
+            return int(args.func(args) or 0)
     except BrokenPipeError:
         # The reader of our output (say `| head`) has had enough: not an error. Later writes
         # (and the interpreter's final flush) go nowhere.
@@ -41,15 +46,22 @@ def main(argv: Optional[List[str]] = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 0
     # A progress bar has ended its line by now (build/progress.rs): the message has its own.
-    except TokshufError as e:
+    except (TokshufError, OSError) as e:
+        # OSError: the command's own files and streams (an --output-json folder that is not
+        # there, a full disk under stdout), named by the message.
         if debug:
             raise
         print(f"tokshuf: error: {e}", file=sys.stderr)
+        try:
+            sys.stdout.flush()
+        except OSError:  # stdout is what failed: its last flush, at exit, would fail again
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except KeyboardInterrupt:
         if debug:
             raise
-        print("tokshuf: interrupted; run the same command again to resume", file=sys.stderr)
+        again = "; run the same command again to resume" if args.command == "build" else ""
+        print(f"tokshuf: interrupted{again}", file=sys.stderr)
         return 130
 
 

@@ -15,6 +15,8 @@ import json
 import math
 from typing import TYPE_CHECKING, List, Optional, Tuple
 
+from ._cli_types import count
+
 if TYPE_CHECKING:
     from ._blend import Blend
 
@@ -89,7 +91,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument(
         "--num-examples",
-        type=int,
+        type=count,
         default=None,
         help="also count draws of each cache among the first N blended examples",
     )

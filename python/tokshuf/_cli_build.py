@@ -8,21 +8,9 @@ import os
 from typing import Any, Dict, List
 
 from . import _dclm
+from ._cli_types import parse_size
+from ._remote import is_url
 from .exceptions import ConfigError
-
-SIZE_UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-def parse_size(text: str) -> int:
-    """A byte count: 8G, 512M, 1.5GiB, 4096."""
-    t = text.strip().lower().rstrip("ib").rstrip("b") if text[-1:].lower() == "b" else text.strip().lower()
-    try:
-        n = int(float(t[:-1]) * SIZE_UNITS[t[-1]]) if t and t[-1] in SIZE_UNITS else int(t)
-    except ValueError:
-        n = 0
-    if n <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size: give bytes, or a number with K, M, G or T (e.g. 8G)")
-    return n
 
 
 def parse_bins(text: str) -> List[int]:
@@ -242,6 +230,14 @@ def build_options(args: argparse.Namespace) -> Dict[str, Any]:
 
     if (args.input_json is None) != (args.output_json is None):
         raise ConfigError("--input-json and --output-json go together (the record read, and where it is written)")
+    out = args.output_json
+    # Checked now, not found out after the build.
+    if (
+        out is not None
+        and not is_url(out)
+        and (os.path.isdir(out) or not os.path.isdir(os.path.dirname(os.path.abspath(out))))
+    ):
+        raise ConfigError(f"--output-json {out}: not a file name in an existing folder")
     if args.s3_retries is not None and args.s3_retries < 0:
         raise ConfigError(f"--s3-retries must be >= 0, not {args.s3_retries}")
     backend = args.tokenizer_backend

@@ -3,8 +3,8 @@ the reference library, document by document, with both speeds.
 
 The reference is the Python library the ids are defined by (``tiktoken`` ``encode_ordinary``,
 ``tokenizers`` ``encode(..., add_special_tokens=False)`` with ``encode_special_tokens``) when it
-is installed, else tokshuf's own reference backend. Exit status: 0 all equal, 1 some differ,
-2 the fast backend cannot be used for this tokenizer.
+is installed, else tokshuf's own reference backend. Exit status: 0 all equal, 1 some differ
+(or an error), 2 the fast backend cannot be used for this tokenizer.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import time
 from typing import Callable, Iterator, List, Optional, Tuple
 
 from . import _core
+from ._cli_types import count
 from .exceptions import ConfigError, InputError
 
 
@@ -25,10 +26,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "check-tokenizer",
         help="compare the fast tokenizer backend with the reference library on a corpus",
         description=__doc__.split("\n\n")[0].replace("``", ""),
+        epilog="Exit status: 0 all equal, 1 some differ (or an error), 2 the fast backend cannot be used "
+        "for this tokenizer (builds use the reference backend for it).",
     )
     p.add_argument("tokenizer", help="tokenizer spec, as for build --tokenizer")
     p.add_argument("corpus", nargs="+", help="jsonl(.gz/.zst) files, directories or globs")
-    p.add_argument("--limit", type=int, default=None, metavar="N", help="check the first N documents only")
+    p.add_argument("--limit", type=count, default=None, metavar="N", help="check the first N documents only")
     p.add_argument("--text-key", default="text", help="JSON key of the document text (default text)")
     p.add_argument(
         "--reference",
@@ -42,7 +45,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         action="store_true",
         help="special-token strings in text become control ids (tokenizer.json only)",
     )
-    p.add_argument("--show", type=int, default=3, metavar="K", help="print the first K differences (default 3)")
+    p.add_argument("--show", type=count, default=3, metavar="K", help="print the first K differences (default 3)")
     p.set_defaults(func=_cmd)
 
 
@@ -58,19 +61,38 @@ def _open(path: str) -> io.BufferedIOBase:
     return open(path, "rb")
 
 
-def read_documents(paths: List[str], key: str, limit: Optional[int]) -> Iterator[Tuple[str, str]]:
+def _stream_errors() -> Tuple[type, ...]:
+    """What reading a damaged .gz (OSError, EOFError) or .zst stream raises."""
+    try:
+        import zstandard
+
+        return (OSError, EOFError, zstandard.ZstdError)
+    except ImportError:
+        return (OSError, EOFError)
+
+
+def read_documents(
+    paths: List[str], key: str, limit: Optional[int], bad: Optional[List[str]] = None
+) -> Iterator[Tuple[str, str]]:
     """(where, text) of the documents a build tokenizes (lines parsed by the builder's own
-    parser; blank, bad and empty ones are skipped), in order."""
+    parser; blank, bad and empty ones are skipped, the bad ones listed in ``bad``), in order.
+    A stream that cannot be decoded is an ``InputError`` naming the line, as in a build."""
     n = 0
     for path in paths:
-        with _open(path) as f:
-            for line_no, line in enumerate(f, 1):
-                if limit is not None and n >= limit:
-                    return
-                kind, text = _core.parse_line(line[:-1] if line.endswith(b"\n") else line, key)
-                if kind == "text" and text:
-                    n += 1
-                    yield f"{path}:{line_no}", text
+        line_no = 0
+        try:
+            with _open(path) as f:
+                for line_no, line in enumerate(f, 1):
+                    if limit is not None and n >= limit:
+                        return
+                    kind, text = _core.parse_line(line[:-1] if line.endswith(b"\n") else line, key)
+                    if kind == "text" and text:
+                        n += 1
+                        yield f"{path}:{line_no}", text
+                    elif kind not in ("text", "blank") and bad is not None:
+                        bad.append(f"{path}:{line_no}: {text}")
+        except _stream_errors() as e:
+            raise InputError(f"{path}:{line_no + 1}: cannot decompress or read: {e}") from e
 
 
 def _tiktoken_encoding(name: str):
@@ -97,7 +119,9 @@ def _tiktoken_encoding(name: str):
 def python_reference(spec: str, allow_special: bool) -> Tuple[str, Callable[[str], List[int]]]:
     """(name, encode) of the Python reference library; ImportError if it is not installed."""
     if spec.startswith("tiktoken:"):
-        enc = _tiktoken_encoding(spec.split(":", 1)[1])
+        name = spec.split(":", 1)[1]
+        # tiktoken's "gpt2" has r50k_base's ranks, but its constructor downloads them.
+        enc = _tiktoken_encoding("r50k_base" if name == "gpt2" else name)
         import tiktoken
 
         return f"tiktoken {tiktoken.__version__} encode_ordinary", enc.encode_ordinary
@@ -138,7 +162,7 @@ def _cmd(args: argparse.Namespace) -> int:
     try:
         fast = _core.Tokenizer(args.tokenizer, allow_special_tokens=args.allow_special_tokens, backend="fast")
     except ConfigError as e:
-        print(f"tokshuf: {e}; builds use the reference backend for it", file=sys.stderr)
+        print(f"tokshuf: error: {e}; builds use the reference backend for it", file=sys.stderr)
         return 2
     name, ref_encode = None, None
     if args.reference in ("auto", "python"):
@@ -173,7 +197,8 @@ def _cmd(args: argparse.Namespace) -> int:
                     print(_describe(fast, where, text, g, w), file=sys.stderr)
                 differ.append(where)
 
-    for where, text in read_documents(expand_inputs(args.corpus), args.text_key, args.limit):
+    bad: List[str] = []
+    for where, text in read_documents(expand_inputs(args.corpus), args.text_key, args.limit, bad):
         batch.append((where, text))
         size = len(text.encode("utf-8"))
         batch_bytes += size
@@ -184,10 +209,15 @@ def _cmd(args: argparse.Namespace) -> int:
             batch, batch_bytes = [], 0
     if batch:
         check(batch)
+    if ndocs == 0:
+        why = f"; {len(bad):,} bad lines, the first {bad[0]}" if bad else ""
+        raise InputError(f"{', '.join(args.corpus)}: no documents to compare{why}")
 
     print(f"{args.tokenizer}: {ndocs:,} documents, {nbytes / 1e6:,.1f} MB of text, {nids:,} reference ids")
     print(f"  fast      {fast.backend}: {nbytes / 1e6 / max(t_fast, 1e-9):.1f} MB/s (one thread)")
     print(f"  reference {name}: {nbytes / 1e6 / max(t_ref, 1e-9):.1f} MB/s (one thread)")
+    if bad:
+        print(f"  skipped   {len(bad):,} bad lines (a build raises or skips them), the first {bad[0]}")
     print(
         f"  {len(differ):,} differ"
         + (

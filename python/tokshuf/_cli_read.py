@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from ._cli_blend import add_blend_arguments, blend_from_args
+from ._cli_types import count
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -57,11 +58,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "contexts decoded back to text.",
     )
     q.add_argument("cache", help="cache folder or URL")
-    q.add_argument("--contexts", "-n", type=int, default=2, help="contexts to decode (default 2)")
-    q.add_argument("--chars", type=int, default=300, help="characters of text shown per context")
+    q.add_argument("--contexts", "-n", type=count, default=2, help="contexts to decode (default 2)")
+    q.add_argument("--chars", type=count, default=300, help="characters of text shown per context")
     q.add_argument(
         "--sample",
-        type=int,
+        type=count,
         default=1000,
         help="packed caches: contexts (manifest order) whose documents make the length histogram (default 1000)",
     )
@@ -133,10 +134,8 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     from ._cache import Cache
     from ._core import Tokenizer
     from ._unpacked import UnpackedCache, is_unpacked
-    from .exceptions import ConfigError, TokshufError
+    from .exceptions import TokshufError
 
-    if args.contexts < 0 or args.sample < 0:
-        raise ConfigError("--contexts and --sample must be >= 0")
     cache: Any = UnpackedCache(args.cache) if is_unpacked(args.cache) else Cache(args.cache)
     meta = cache.metadata
     print(f"{cache.path}")

@@ -15,7 +15,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument("cache", help="cache folder or URL (s3://, gs://, az://)")
     p.add_argument("--full", action="store_true", help="also compare every shard's sha256 with the manifest")
-    p.add_argument("--quiet", "-q", action="store_true", help="print only problems")
+    p.add_argument(
+        "--quiet",
+        "-q",
+        action="store_true",
+        help="print only the problems, one a line (nothing when the cache is sound)",
+    )
     p.set_defaults(func=_cmd_verify)
 
 
@@ -23,6 +28,11 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     from ._verify import verify
 
     report = verify(args.cache, full=args.full)
-    if not (args.quiet and report.ok):
+    if not args.quiet:
         print(report.summary())
+    else:
+        for p in report.problems:
+            print(p)
+        if report.omitted:
+            print(f"... and {report.omitted} more")
     return 0 if report.ok else 1

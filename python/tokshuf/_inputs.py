@@ -25,6 +25,8 @@ def location(value: PathLike) -> str:
         text = os.fsdecode(value)  # bytes too: a file name that is not UTF-8 stays exact
     except TypeError:
         raise ConfigError(f"a path must be a str, bytes or os.PathLike, not {type(value).__name__}") from None
+    if not text:
+        raise ConfigError('an empty path (name the folder: "." for this one)')
     return _core._storage_location(text)
 
 
