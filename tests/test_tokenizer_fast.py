@@ -15,6 +15,7 @@ import gzip
 import json
 
 import pytest
+import tokenizers
 import tokshuf
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -534,8 +535,6 @@ def unsupported(name: str):
         j["pre_tokenizer"] = split_then_bytelevel(r"\w+|\s+|[^\w\s]+")
     elif name == "lstrip":
         j["added_tokens"][2]["lstrip"] = True
-    elif name == "dropout":
-        j["model"]["dropout"] = 0.1
     elif name == "wordlevel":
         j["model"] = {"type": "WordLevel", "vocab": {"a": 0, "[UNK]": 1}, "unk_token": "[UNK]"}
         j["added_tokens"] = []
@@ -544,13 +543,122 @@ def unsupported(name: str):
     return j
 
 
-@pytest.mark.parametrize("name", ["nfkc", "prefix-space", "other-regex", "lstrip", "dropout", "wordlevel"])
+@pytest.mark.parametrize("name", ["nfkc", "prefix-space", "other-regex", "lstrip", "wordlevel"])
 def test_unsupported_configurations_use_the_reference(tmp_path, name):
     path = tmp_path / "tok.json"
     path.write_text(json.dumps(unsupported(name)), encoding="utf-8")
     assert tokshuf.Tokenizer(str(path)).backend == "hf-tokenizers"
     with pytest.raises(tokshuf.ConfigError, match="fast tokenizer backend cannot be used"):
         tokshuf.Tokenizer(str(path), backend="fast")
+
+
+# --------------------------------------------------------------------------------------
+# tokenizer.json files that are legal for the `tokenizers` library but unusual.
+
+
+def write_json(tmp_path, cfg, name="tok.json") -> str:
+    path = tmp_path / name
+    path.write_text(json.dumps(cfg), encoding="utf-8")
+    return str(path)
+
+
+def python_ids(path: str, text: str):
+    ref = tokenizers.Tokenizer.from_file(path)
+    ref.encode_special_tokens = True
+    return ref.encode(text, add_special_tokens=False).ids
+
+
+def test_ids_that_leave_gaps_size_the_storage_by_the_largest(tmp_path):
+    # Ids need not run 0..n-1: the count of tokens (50 k) picked uint16, and a token of id
+    # 70000 was stored as 70000 % 65536 without a word.
+    cfg = neox_json()
+    cfg["model"]["vocab"]["Ġthe"] = 70_000
+    path = write_json(tmp_path, cfg)
+    text = " the cat and the dog"
+    want = python_ids(path, text)
+    assert 70_000 in want
+    tok = tokshuf.Tokenizer(path)
+    assert tok.encode(text) == want and tok.vocab_size == 70_001
+    (tmp_path / "in.jsonl").write_text(json.dumps({"text": text}) + "\n")
+    stats = tokshuf.build_cache(
+        [tmp_path / "in.jsonl"], tmp_path / "c", tokenizer=path, seqlen=8, shuffle=False, tail="pad", progress=False
+    )
+    assert stats.metadata["dtype"] == "uint32"
+    got = [int(i) for i in tokshuf.Cache(tmp_path / "c")[0]]
+    assert got[: len(want)] == want
+    assert tokshuf.verify(tmp_path / "c", full=True).ok
+
+
+def test_an_id_of_two_to_the_32_minus_one_is_refused(tmp_path):
+    # The encoders' "no id": a token with it was never merged into.
+    cfg = neox_json()
+    cfg["model"]["vocab"]["t"] = 2**32 - 1
+    path = write_json(tmp_path, cfg)
+    for backend in ("auto", "fast", "reference"):
+        with pytest.raises(tokshuf.TokenizerError, match="4294967295"):
+            tokshuf.Tokenizer(path, backend=backend)
+
+
+def test_a_special_token_listed_again_as_plain_stays_special(tmp_path):
+    # The library judges "special" by content, whichever entry said so: the text of an EOT
+    # listed twice (special, then not) must still never become the control id.
+    cfg = neox_json()
+    eot = next(t for t in cfg["added_tokens"] if t["content"] == "<|endoftext|>")
+    cfg["added_tokens"].append(dict(eot, special=False))
+    path = write_json(tmp_path, cfg)
+    text = "a<|endoftext|>b"
+    want = python_ids(path, text)
+    assert eot["id"] not in want
+    for backend in ("auto", "fast", "reference"):
+        assert tokshuf.Tokenizer(path, backend=backend).encode(text) == want, backend
+
+
+def test_bpe_dropout_is_refused_not_random(tmp_path):
+    cfg = neox_json()
+    cfg["model"]["dropout"] = 0.5
+    path = write_json(tmp_path, cfg)
+    for backend in ("auto", "fast", "reference"):
+        with pytest.raises(tokshuf.TokenizerError, match="dropout"):
+            tokshuf.Tokenizer(path, backend=backend)
+    cfg["model"]["dropout"] = 0.0  # off: the same ids as none
+    assert tokshuf.Tokenizer(write_json(tmp_path, cfg)).encode("the cat") == tokshuf.Tokenizer(NEOX).encode("the cat")
+
+
+def test_the_padding_section_names_the_pad_id(tmp_path):
+    cfg = neox_json()
+    cfg["padding"] = {"strategy": "BatchLongest", "direction": "Right", "pad_to_multiple_of": None,
+                      "pad_id": 7, "pad_type_id": 0, "pad_token": "("}  # fmt: skip
+    path = write_json(tmp_path, cfg)
+    for backend in ("auto", "reference"):
+        assert tokshuf.Tokenizer(path, backend=backend).pad_id == 7
+    assert tokshuf.Tokenizer(NEOX).pad_id == 1  # no section: the token named <|padding|>
+
+
+def test_a_file_the_library_panics_on_is_a_tokenizer_error(tmp_path):
+    # tokenizers 0.22 panics on a merge shorter than the continuing-subword prefix.
+    cfg = neox_json()
+    cfg["model"]["continuing_subword_prefix"] = "##"
+    path = write_json(tmp_path, cfg)
+    with pytest.raises(tokshuf.TokenizerError, match=r"not a usable tokenizer\.json"):
+        tokshuf.Tokenizer(path)
+
+
+def test_tokenizer_paths_that_are_not_regular_files(tmp_path):
+    import os
+    import pathlib
+
+    os.mkfifo(tmp_path / "fifo.json")
+    for path in ("/dev/zero", str(tmp_path / "fifo.json")):
+        with pytest.raises(tokshuf.TokenizerError, match="not a regular file"):
+            tokshuf.Tokenizer(path)
+    assert tokshuf.Tokenizer(pathlib.Path(NEOX)).encode("a b") == tokshuf.Tokenizer(NEOX).encode("a b")
+
+
+@pytest.mark.parametrize("key", ["eot_id", "pad_id", "bos_id"])
+def test_booleans_are_not_token_ids(tmp_path, key):
+    (tmp_path / "in.jsonl").write_text('{"text": "a"}\n')
+    with pytest.raises(tokshuf.ConfigError, match=f"{key} must be a token id, not True"):
+        tokshuf.build_cache([tmp_path / "in.jsonl"], tmp_path / "c", progress=False, bos=True, **{key: True})
 
 
 def test_check_tokenizer_cli(capsys):

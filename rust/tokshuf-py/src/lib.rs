@@ -14,6 +14,7 @@ mod steps;
 mod storage;
 mod unpacked;
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -84,8 +85,9 @@ struct Tokenizer {
 impl Tokenizer {
     #[new]
     #[pyo3(signature = (spec, allow_special_tokens=false, backend="auto"))]
-    fn new(py: Python<'_>, spec: String, allow_special_tokens: bool, backend: &str) -> PyResult<Self> {
+    fn new(py: Python<'_>, spec: PathBuf, allow_special_tokens: bool, backend: &str) -> PyResult<Self> {
         let backend = Backend::parse(backend).map_err(to_pyerr)?;
+        let spec = options::spec_text(spec)?;
         let inner = run_detached(py, move |_| tokshuf_core::tokenize::Tokenizer::load(&spec, allow_special_tokens, backend))?;
         Ok(Tokenizer { inner })
     }

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyBool, PyDict};
 
 use tokshuf_core::build::BuildOptions;
 use tokshuf_core::format::InputKind;
@@ -23,10 +23,21 @@ where
     if v.is_none() {
         return Ok(None);
     }
-    v.extract::<T>().map(Some).map_err(|_| {
+    // A bool is an int to Python, but never a count or an id here.
+    let wrong_bool = what != BOOL && v.is_instance_of::<PyBool>();
+    v.extract::<T>().ok().filter(|_| !wrong_bool).map(Some).ok_or_else(|| {
         let shown = v.repr().map_or_else(|_| "?".to_string(), |r| r.to_string());
         to_pyerr(Error::Config(format!("{key} must be {what}, not {shown}")))
     })
+}
+
+const BOOL: &str = "True or False";
+
+/// A tokenizer spec given as a str or a path object.
+pub fn spec_text(spec: PathBuf) -> PyResult<String> {
+    spec.into_os_string()
+        .into_string()
+        .map_err(|s| to_pyerr(Error::Tokenizer(format!("{}: the tokenizer path is not UTF-8", s.to_string_lossy()))))
 }
 
 fn choice<T: std::str::FromStr<Err = Error>>(d: &Bound<'_, PyDict>, key: &str) -> PyResult<Option<T>> {
@@ -39,8 +50,8 @@ pub fn build_options(d: Option<&Bound<'_, PyDict>>) -> PyResult<BuildOptions> {
     let output: PathBuf = get(d, "output", "a path")?.ok_or_else(|| to_pyerr(Error::Config("output is required".into())))?;
     let mut o = BuildOptions::new(inputs, output);
     let uint = "a positive integer";
-    if let Some(v) = get(d, "tokenizer", "a string")? {
-        o.tokenizer = v;
+    if let Some(v) = get(d, "tokenizer", "a spec string or a path")? {
+        o.tokenizer = spec_text(v)?;
     }
     if let Some(v) = get(d, "seqlen", uint)? {
         o.seqlen = v;
@@ -73,7 +84,7 @@ pub fn build_options(d: Option<&Bound<'_, PyDict>>) -> PyResult<BuildOptions> {
         ("progress", &mut o.progress),
         ("overwrite", &mut o.overwrite),
     ] {
-        if let Some(v) = get(d, key, "True or False")? {
+        if let Some(v) = get(d, key, BOOL)? {
             *field = v;
         }
     }
@@ -91,7 +102,7 @@ pub fn build_options(d: Option<&Bound<'_, PyDict>>) -> PyResult<BuildOptions> {
     o.bins = get(d, "bins", "a list of positive integers")?;
     o.bin_size = get(d, "bin_size", uint)?;
     o.block_size = get(d, "block_size", uint)?;
-    if get(d, "shuffle_only", "True or False")?.unwrap_or(false) {
+    if get(d, "shuffle_only", BOOL)?.unwrap_or(false) {
         o.input_kind = InputKind::Shards;
     }
     for key in d.keys() {

@@ -118,6 +118,8 @@ pub struct JsonParts<'a> {
     vocab: Vocab<'a>,
     /// The added tokens by the ids the `tokenizers` crate gives them, if found without it.
     added: Option<Vec<(u32, AddedToken)>>,
+    /// The pad id of the padding section.
+    pad_id: Option<u32>,
 }
 
 impl<'a> JsonParts<'a> {
@@ -136,6 +138,17 @@ impl<'a> JsonParts<'a> {
     pub fn vocab_size(&self) -> usize {
         let added = self.added.as_deref().unwrap_or_default();
         self.vocab.len() + added.iter().filter(|(_, t)| !self.vocab.contains_key(t.content.as_str())).count()
+    }
+
+    /// The pad id the file's padding section names, if it has one.
+    pub fn pad_id(&self) -> Option<u32> {
+        self.pad_id
+    }
+
+    /// The largest id of the vocabulary and the added tokens.
+    pub fn max_id(&self) -> Option<u32> {
+        let added = self.added.as_deref().unwrap_or_default();
+        self.vocab.values().chain(added.iter().map(|(id, _)| id)).max().copied()
     }
 
     /// The id of `token`, an added token's first, as `token_to_id`.
@@ -193,7 +206,10 @@ impl FastEncoder {
         let body = BpeModel::parse(&head)?;
         let model = MergeBpe::from_model(&body, ignore_merges)?;
         let added = added_token_ids(file.added_tokens, &body.vocab);
+        // The crate's default pad id is 0.
+        let pad_id = file.padding.filter(|p| !p.is_null()).map(|p| p.get("pad_id").and_then(Value::as_u64).unwrap_or(0) as u32);
         Ok(JsonParts {
+            pad_id,
             nfc: nfc.then(NfcSafe::shared),
             pretok: PreTokenizer::new(pattern).map_err(|e| e.to_string())?,
             model,

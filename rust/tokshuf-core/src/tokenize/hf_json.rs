@@ -25,6 +25,8 @@ pub struct TokenizerFile<'a> {
     pub pre_tokenizer: Option<Value>,
     #[serde(borrow, default)]
     pub model: Option<ModelHead<'a>>,
+    #[serde(default)]
+    pub padding: Option<Value>,
 }
 
 /// An entry of `added_tokens`; every field is required, as by the `tokenizers` crate.
@@ -223,13 +225,17 @@ pub fn added_token_ids(added: Vec<AddedToken>, vocab: &Vocab) -> Option<Vec<(u32
     Some(out)
 }
 
-/// The added tokens of the crate's `tok` by id, in the form `added_token_ids` gives them.
+/// The added tokens of the crate's `tok` by id, in the form `added_token_ids` gives them. A
+/// token is special if the crate treats its content as special: a content listed twice keeps
+/// the last entry's flags, but "special" from any entry (the crate's `special_tokens_set`).
 pub fn crate_added_tokens(tok: &tokenizers::Tokenizer) -> Vec<(u32, AddedToken)> {
+    let vocab = tok.get_added_vocabulary();
     let mut added: Vec<(u32, AddedToken)> = tok
         .get_added_tokens_decoder()
         .into_iter()
         .map(|(id, t)| {
             let tokenizers::AddedToken { content, single_word, lstrip, rstrip, normalized, special } = t;
+            let special = special || vocab.is_special_token(&content);
             (id, AddedToken { content, single_word, lstrip, rstrip, normalized, special })
         })
         .collect();

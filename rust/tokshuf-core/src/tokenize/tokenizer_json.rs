@@ -26,7 +26,14 @@ pub fn tokenizer_json_path(spec: &str) -> Result<PathBuf> {
             super::TIKTOKEN_NAMES.join(", ")
         )));
     }
-    Ok(if p.is_dir() { p.join("tokenizer.json") } else { p })
+    if p.is_dir() {
+        return Ok(p.join("tokenizer.json"));
+    }
+    if !p.is_file() {
+        // /dev/zero would be read until memory ran out; a FIFO would wait for a writer.
+        return Err(Error::Tokenizer(format!("{spec}: not a regular file (a FIFO, socket or device)")));
+    }
+    Ok(p)
 }
 
 const EOT_CANDIDATES: [&str; 4] = ["<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>"];
@@ -58,7 +65,7 @@ struct LazyHf {
 impl LazyHf {
     fn get(&self) -> std::result::Result<&HfTokenizer, String> {
         let tok = self.tok.get_or_init(|| {
-            load_hf(&self.path, &self.bytes, self.allow_special).map(|t| HfTokenizer(Arc::new(t))).map_err(|e| e.to_string())
+            load_hf(&self.path, &self.bytes, self.allow_special).map(|(t, _)| HfTokenizer(Arc::new(t))).map_err(|e| e.to_string())
         });
         tok.as_ref().map_err(Clone::clone)
     }
@@ -73,12 +80,28 @@ impl Encoder for LazyHf {
     }
 }
 
-fn load_hf(path: &Path, bytes: &[u8], allow_special: bool) -> Result<tokenizers::Tokenizer> {
-    let mut tok = tokenizers::Tokenizer::from_bytes(bytes)
-        .map_err(|e| Error::Tokenizer(format!("{}: not a usable tokenizer.json: {e}", path.display())))?;
+/// The `tokenizers` crate's tokenizer of a file, and the pad id of its padding section (which
+/// is then cleared, as is truncation: a build keeps every id of a document).
+fn load_hf(path: &Path, bytes: &[u8], allow_special: bool) -> Result<(tokenizers::Tokenizer, Option<u32>)> {
+    let unusable = |e: String| Error::Tokenizer(format!("{}: not a usable tokenizer.json: {e}", path.display()));
+    // The crate panics on some files it cannot use (a merge shorter than the continuing-
+    // subword prefix): that is a bad file, not a bug of ours.
+    let loaded = std::panic::catch_unwind(|| tokenizers::Tokenizer::from_bytes(bytes)).map_err(|panic| {
+        let what = panic.downcast_ref::<String>().cloned().or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()));
+        unusable(format!("the tokenizers library failed on it ({})", what.unwrap_or_default()))
+    })?;
+    let mut tok = loaded.map_err(|e| unusable(e.to_string()))?;
+    if let tokenizers::ModelWrapper::BPE(bpe) = tok.get_model() {
+        if let Some(p) = bpe.dropout.filter(|&p| p > 0.0) {
+            return Err(unusable(format!(
+                "BPE dropout {p} makes the ids random, and a cache must be a pure function of its inputs: set \"dropout\" to null"
+            )));
+        }
+    }
+    let pad_id = tok.get_padding().map(|p| p.pad_id);
     tok.set_encode_special_tokens(!allow_special);
     let _ = tok.with_padding(None).with_truncation(None);
-    Ok(tok)
+    Ok((tok, pad_id))
 }
 
 pub(super) fn load_tokenizer_json(spec: &str, path: &Path, allow_special: bool, backend: Backend) -> Result<Tokenizer> {
@@ -101,7 +124,8 @@ pub(super) fn load_tokenizer_json(spec: &str, path: &Path, allow_special: bool, 
     let parts = match parts {
         Some(Ok(p)) if p.knows_added_tokens() => {
             let [eot_id, pad_id, bos_id] = special_ids(|t| p.token_id(t));
-            let vocab_size = p.vocab_size() as u32;
+            let pad_id = p.pad_id().or(pad_id);
+            let vocab_size = id_bound(path, p.max_id(), p.vocab_size())?;
             let reference = Arc::new(LazyHf { path: path.to_path_buf(), bytes: bytes.clone(), allow_special, tok: OnceLock::new() });
             match FastEncoder::tokenizer_json(p, allow_special, reference) {
                 Ok(fast) => {
@@ -113,9 +137,10 @@ pub(super) fn load_tokenizer_json(spec: &str, path: &Path, allow_special: bool, 
         }
         other => other,
     };
-    let tok = load_hf(path, &bytes, allow_special)?;
+    let (tok, padding) = load_hf(path, &bytes, allow_special)?;
     let [eot_id, pad_id, bos_id] = special_ids(|t| tok.token_to_id(t));
-    let vocab_size = tok.get_vocab_size(true) as u32;
+    let pad_id = padding.or(pad_id);
+    let vocab_size = id_bound(path, tok.get_vocab(true).into_values().max(), tok.get_vocab_size(true))?;
     let tok = Arc::new(tok);
     let reference: Arc<dyn Encoder> = Arc::new(HfTokenizer(tok.clone()));
     let (encoder, backend) = choose(spec, backend, (reference.clone(), "hf-tokenizers"), || {
@@ -123,6 +148,18 @@ pub(super) fn load_tokenizer_json(spec: &str, path: &Path, allow_special: bool, 
         FastEncoder::tokenizer_json(parts.with_added_tokens(crate_added_tokens(&tok)), allow_special, reference)
     })?;
     Ok(Tokenizer { spec: spec.to_string(), sha256, vocab_size, backend, eot_id, pad_id, bos_id, encoder })
+}
+
+/// What tokshuf records as `vocab_size`: a bound on the ids, so one above the largest. Ids
+/// need not run 0..n-1 (a file may leave gaps): the count of tokens would then pick a dtype
+/// too narrow for the largest. u32::MAX itself is refused, as the encoders' "no id".
+fn id_bound(path: &Path, max_id: Option<u32>, count: usize) -> Result<u32> {
+    match max_id {
+        Some(u32::MAX) => {
+            Err(Error::Tokenizer(format!("{}: token id 4294967295 (2**32 - 1) is beyond the ids tokshuf stores", path.display())))
+        }
+        top => Ok(top.map_or(0, |m| m + 1).max(count as u32)),
+    }
 }
 
 /// The ids of the end-of-text, padding and beginning-of-text tokens, by the usual names.
