@@ -7,8 +7,10 @@ to timing); the rest land after a seeded random delay, anywhere at all.
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import shutil
 import time
 from pathlib import Path
 from typing import List
@@ -121,6 +123,70 @@ def test_killed_between_cell_groups_resumes_identically(tmp_path, point):
     for _ in range(3):
         assert run_to_pause(inputs, got, opts, point, tmp_path / "trace.txt") == point
     tokshuf.build_cache(inputs, got, **opts)
+    assert_same_cache(got, want)
+
+
+def damage_unlisted_shard(out: Path) -> None:
+    # The last listed line taken back: its shard is then one the killed run left unlisted.
+    lines = (out / "manifest.jsonl").read_text().splitlines(keepends=True)
+    (out / "manifest.jsonl").write_text("".join(lines[:-1]))
+    shard = out / f"shard_{len(lines) - 1:08d}.tar"
+    data = bytearray(shard.read_bytes())
+    data[1024 + 512 + 128] ^= 1  # an id of member 1: the size, the headers, all still fine
+    shard.write_bytes(bytes(data))
+
+
+def truncate_listed_shard(out: Path) -> None:
+    shard = out / "shard_00000000.tar"
+    shard.write_bytes(shard.read_bytes()[:1024])
+
+
+def complete_too_early(out: Path) -> None:
+    meta = json.loads((out / "tokshuf.json").read_text())
+    (out / "tokshuf.json").write_text(json.dumps(dict(meta, status="complete")))
+
+
+@pytest.mark.parametrize("damage", [damage_unlisted_shard, truncate_listed_shard, complete_too_early])
+def test_what_a_killed_run_left_damaged_is_not_trusted(tmp_path, damage):
+    """A resumed build writes again any shard no manifest line vouches for, rather than hash
+    it (which would bless the damage: verify --full could not see it then); a tokshuf.json
+    that says complete is checked before the build returns it."""
+    inputs = make_corpus(tmp_path / "in")
+    want = tmp_path / "clean"
+    tokshuf.build_cache(inputs, want, **OPTS)
+    got = tmp_path / "resumed"
+    assert run_to_pause(inputs, got, OPTS, "stage2.shard:8", tmp_path / "trace.txt") is not None
+    assert len((got / "manifest.jsonl").read_text().splitlines()) >= 1
+    damage(got)
+    if damage is complete_too_early:
+        with pytest.raises(tokshuf.CacheCorruptError, match="says complete, but the cache is not"):
+            tokshuf.build_cache(inputs, got, **OPTS)
+        assert (got / ".tokshuf-work").is_dir()  # the spills are kept for a rebuild
+        tokshuf.build_cache(inputs, got, overwrite=True, **OPTS)
+    else:
+        tokshuf.build_cache(inputs, got, **OPTS)
+    assert_same_cache(got, want)
+
+
+@pytest.mark.parametrize("how", ["work folder removed", "local_cell_dir given"])
+def test_an_input_edited_while_the_work_record_is_out_of_sight_is_not_mixed_in(tmp_path, how):
+    """The work folder records each input's size and mtime; without that record (removed, or
+    elsewhere under local_cell_dir) the killed run's shards cannot be trusted, so a same-size
+    edit must give the cache of the edited inputs, not a mix of the old and the new."""
+    inputs = make_corpus(tmp_path / "in")
+    got = tmp_path / "resumed"
+    assert run_to_pause(inputs, got, OPTS, "stage2.shard:8", tmp_path / "trace.txt") is not None
+    plain = next(p for p in inputs if p.suffix == ".jsonl")
+    text = plain.read_text()
+    plain.write_text(text.replace("a", "e", 50))  # same size, other ids
+    extra = {}
+    if how == "work folder removed":
+        shutil.rmtree(got / ".tokshuf-work")
+    else:
+        extra = dict(local_cell_dir=tmp_path / "cells")
+    tokshuf.build_cache(inputs, got, **OPTS, **extra)
+    want = tmp_path / "clean"
+    tokshuf.build_cache(inputs, want, **OPTS)
     assert_same_cache(got, want)
 
 

@@ -124,20 +124,40 @@ pub fn prepare(out: &Place, work: &Place, recipe: &Recipe, inputs: &[PathBuf], o
         )));
     }
     if let Some(m) = existing.as_ref().filter(|m| m.status == Status::Complete) {
+        // Trusted as a reader would trust it: a tokshuf.json that says complete too early
+        // (written by hand, or copied) must not end the build nor cost its work folder.
+        if let Some(dir) = out.dir() {
+            let opened = if recipe.packing.is_unpacked() {
+                crate::read::unpacked::Unpacked::open(dir, true).map(drop)
+            } else {
+                crate::read::cache::Cache::open_with(dir, true).map(drop)
+            };
+            opened.map_err(|e| {
+                Error::corrupt(
+                    dir.join(META_NAME),
+                    format!("says complete, but the cache is not ({e}); pass overwrite=True (--overwrite) to build it again"),
+                )
+            })?;
+        }
         // A run killed after publishing the cache may have left its work folder or temporaries.
         work.remove_all()?;
         remove_tmp(out, &entries)?;
         remove_unused_work(out, work, &entries)?;
         return Ok(Start::Complete(Box::new(m.clone())));
     }
-    if let Some(w) = &work_state {
-        let changed = changed_inputs(w, recipe, inputs)?;
-        if !changed.is_empty() {
-            return Err(Error::OutputExists(format!(
-                "{out}: input files changed since this unfinished build started ({}); pass overwrite=True (--overwrite) to start over",
-                changed.join("; ")
-            )));
-        }
+    let Some(w) = &work_state else {
+        // The work folder's record is gone, unreadable or elsewhere (`local_cell_dir` given
+        // or dropped): nothing tells whether an input was edited in place since the killed
+        // run, so its shards are not trusted. Stage 1 starts over anyway, without spills.
+        clear(out, work, &entries)?;
+        return Ok(Start::Fresh);
+    };
+    let changed = changed_inputs(w, recipe, inputs)?;
+    if !changed.is_empty() {
+        return Err(Error::OutputExists(format!(
+            "{out}: input files changed since this unfinished build started ({}); pass overwrite=True (--overwrite) to start over",
+            changed.join("; ")
+        )));
     }
     // Temporary files of the killed run: every writer has its own name, so none is reused.
     remove_tmp(out, &entries)?;

@@ -181,14 +181,6 @@ impl<W: Write> Write for HashingWriter<W> {
     }
 }
 
-/// sha256 of a file already on disk (a shard finished by an earlier, interrupted run).
-pub fn file_sha256(path: &Path) -> Result<(u64, String)> {
-    let mut f = File::open(path).map_err(|e| Error::io(path, e))?;
-    let mut hasher = Sha256::new();
-    let bytes = std::io::copy(&mut f, &mut hasher).map_err(|e| Error::io(path, e))?;
-    Ok((bytes, crate::format::hex(&hasher.finalize())))
-}
-
 /// CPU time this thread has used, in nanoseconds.
 fn thread_cpu_ns() -> u64 {
     let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
@@ -291,11 +283,8 @@ pub fn write_ragged_shard(
     let stem = format::shard_stem(chunk);
     let path = spec.out.join(format!("{stem}.tar"));
     let idx_path = format::idx::idx_path(&spec.out, chunk);
-    let (bytes, sha256, ids) = if path.exists() {
-        let (bytes, sha256) = file_sha256(&path)?;
-        let offsets = std::fs::read(&idx_path).map_err(|e| Error::io(&idx_path, e))?;
-        (bytes, sha256, ragged_ids(&path, spec.dtype, &offsets, n)?)
-    } else {
+    // Written again if a killed run left one, as `write_shard` does.
+    let (bytes, sha256, ids) = {
         let tmp = format::tmp_name(&path);
         let idx_tmp = format::tmp_name(&idx_path);
         let mut write = || -> Result<(u64, String, u64)> {
@@ -329,30 +318,9 @@ pub fn write_ragged_shard(
     Ok(ManifestLine { shard: stem, num_sequences: n as u64, num_tokens: Some(ids), bytes: Some(bytes), sha256: Some(sha256) })
 }
 
-/// Ids in a ragged shard a killed run finished, from its sidecar: each member's data size
-/// less its npy header.
-fn ragged_ids(path: &Path, dtype: Dtype, idx: &[u8], n: usize) -> Result<u64> {
-    let f = File::open(path).map_err(|e| Error::io(path, e))?;
-    let tar_len = f.metadata().map_err(|e| Error::io(path, e))?.len();
-    format::idx::check(path, idx, n as u64, tar_len)?;
-    let mut total = 0;
-    let mut head = [0u8; 10];
-    for i in 0..n as u64 {
-        let at = format::idx::offset(idx, i);
-        let mut size = [0u8; 12];
-        std::os::unix::fs::FileExt::read_exact_at(&f, &mut size, at + 124).map_err(|e| Error::io(path, e))?;
-        std::os::unix::fs::FileExt::read_exact_at(&f, &mut head, at + format::TAR_BLOCK).map_err(|e| Error::io(path, e))?;
-        let size =
-            std::str::from_utf8(&size).ok().and_then(|s| u64::from_str_radix(s.trim_matches(|c: char| c == '\0' || c == ' '), 8).ok());
-        let header = 10 + u16::from_le_bytes([head[8], head[9]]) as u64;
-        let size = size.filter(|&s| s >= header).ok_or_else(|| Error::corrupt(path, format!("member {i}: unreadable size")))?;
-        total += (size - header) / dtype.size() as u64;
-    }
-    Ok(total)
-}
-
 /// Write chunk `chunk` of `n` contexts (`read(i, buf)` fills context i) through a temporary
-/// name; a shard a killed run finished is kept and only hashed.
+/// name. A shard a killed run left unlisted is written again, not trusted: it may have been
+/// damaged since, and hashing it would bless the damage.
 pub fn write_shard(
     spec: &ShardSpec,
     chunk: u64,
@@ -366,9 +334,7 @@ pub fn write_shard(
     let stem = format::shard_stem(chunk);
     let path = spec.out.join(format!("{stem}.tar"));
     let num_tokens = n as u64 * spec.seqlen - padding;
-    let (bytes, sha256) = if path.exists() {
-        file_sha256(&path)?
-    } else {
+    let (bytes, sha256) = {
         let tmp = format::tmp_name(&path);
         let mut write = || -> Result<(u64, String)> {
             let (t0, cpu0, wait0) = (Instant::now(), thread_cpu_ns(), thread_run_delay_ns());
