@@ -182,6 +182,12 @@ def test_missing_folder_and_options(tmp_path, caches):
         tokshuf.Cache(caches["npy"], follow=True, timeout="x")
     with pytest.raises(TypeError):
         tokshuf.Cache(caches["npy"])[1.5]
+    cache = tokshuf.Cache(caches["npy"])
+    for bad in ([1.5], ["7"], [None]):  # int() took the first two as 1 and 7
+        with pytest.raises(TypeError, match="integers"):
+            cache.get_batch(bad)
+    with pytest.raises(IndexError, match=f"context {-len(cache) - 1} out of range"):
+        cache.get_batch([-len(cache) - 1])
     d = write_cache(tmp_path / "big", [2], 2)
     meta = json.loads((d / "tokshuf.json").read_text())
     with pytest.raises(tokshuf.ConfigError):  # uint32 cache into uint16 batches

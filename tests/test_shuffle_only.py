@@ -107,8 +107,10 @@ def test_a_killed_reshuffle_resumes_to_the_same_bytes(source, tmp_path):
 
 
 def test_shards_that_do_not_fit_the_options_are_refused(source, tmp_path):
-    with pytest.raises(tokshuf.ConfigError, match=r"member 1 \(00000000_00000000\.npy\) holds 32 ids, not seqlen=33"):
-        build([source], tmp_path / "a", shuffle_only=True, seqlen=33)
+    (tmp_path / "rs").mkdir()
+    tokshuf_rs_shard(tmp_path / "rs" / "s.tar", 0, [[1] * SEQLEN])
+    with pytest.raises(tokshuf.ConfigError, match=r"member 1 \(00000000_00000000_.*\) holds 32 ids, not seqlen=33"):
+        build([tmp_path / "rs"], tmp_path / "a", shuffle_only=True, seqlen=33)
     big = tmp_path / "big"
     big.mkdir()
     tokshuf_rs_shard(big / "s.tar", 0, [[60000] * SEQLEN])
@@ -124,3 +126,65 @@ def test_shards_that_do_not_fit_the_options_are_refused(source, tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(tokshuf.InputNotFoundError, match=r"no \.tar files"):
         build([tmp_path / "empty"], tmp_path / "e", shuffle_only=True, seqlen=SEQLEN)
+
+
+@pytest.mark.parametrize(
+    "opts, message",
+    [
+        (dict(seqlen=33), "the shards have seqlen 32, this build 33"),
+        (dict(pad_id=7), "the shards have pad_id 0, this build 7"),
+        (dict(tokenizer="tiktoken:cl100k_base"), "made with tokenizer tiktoken:r50k_base, not tiktoken:cl100k_base"),
+    ],
+)
+def test_the_source_caches_own_record_is_checked(source, tmp_path, opts, message):
+    # Shards of another tokenizer whose ids all fit this vocabulary were mixed in silently,
+    # under this tokenizer's name; the tokshuf.json beside them says what they are.
+    with pytest.raises(tokshuf.ConfigError, match=message):
+        build([source], tmp_path / "out", shuffle_only=True, **dict(OPTS, **opts))
+
+
+def test_block_layouts_are_refused_as_inputs_by_name(tmp_path):
+    build(three_files(tmp_path / "in"), tmp_path / "blocks", seqlen=SEQLEN, chunk_size=8, format="blocks")
+    with pytest.raises(tokshuf.ConfigError, match='format "blocks"'):
+        build([tmp_path / "blocks"], tmp_path / "out", shuffle_only=True, seqlen=SEQLEN)
+
+
+def test_padding_is_counted_by_the_readers_rule(tmp_path):
+    # Padding is the run of pad_id right after an EOT; a run of it after text is text.
+    (tmp_path / "rs").mkdir()
+    eot, pad = 50256, 262  # 262: " the", a text id
+    text_end = [5] * (SEQLEN - 3) + [pad] * 3
+    padded = [5, 6, eot] + [pad] * (SEQLEN - 3)
+    tokshuf_rs_shard(tmp_path / "rs" / "s.tar", 0, [text_end, padded])
+    meta = build([tmp_path / "rs"], tmp_path / "out", shuffle_only=True, **dict(OPTS, pad_id=pad)).metadata
+    assert (meta["num_padding_tokens"], meta["num_tokens"], meta["num_documents"]) == (SEQLEN - 3, SEQLEN + 3, 1)
+
+
+def test_tar_entries_that_are_no_context_are_refused_not_skipped(tmp_path):
+    def npy(ids):
+        buf = io.BytesIO()
+        np.save(buf, np.array(ids, dtype="<u2"))
+        return buf.getvalue()
+
+    def shard(path: Path, extra: tarfile.TarInfo) -> Path:
+        with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+            for i in range(2):
+                data = npy([i + 1] * SEQLEN)
+                info = tarfile.TarInfo(f"00000000_{i:08d}.npy")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+            tar.addfile(extra, io.BytesIO(npy([9] * SEQLEN)) if extra.size else None)
+        return path
+
+    # A contiguous file ('7') is a regular file to tar: its context counts.
+    (tmp_path / "c").mkdir()
+    cont = tarfile.TarInfo("00000000_00000002.npy")
+    cont.type, cont.size = tarfile.CONTTYPE, len(npy([9] * SEQLEN))
+    stats = build([shard(tmp_path / "c" / "s.tar", cont)], tmp_path / "out", shuffle_only=True, **OPTS)
+    assert stats.num_contexts == 3
+    # A hard link holds no data of its own: skipping it lost a context without a word.
+    (tmp_path / "l").mkdir()
+    link = tarfile.TarInfo("00000000_00000002.npy")
+    link.type, link.linkname = tarfile.LNKTYPE, "00000000_00000000.npy"
+    with pytest.raises(tokshuf.CacheCorruptError, match=r"member 3 .*: a Link entry, not a context"):
+        build([shard(tmp_path / "l" / "s.tar", link)], tmp_path / "out2", shuffle_only=True, **OPTS)

@@ -190,13 +190,14 @@ class Cache:
         ``dtype`` (default: the cache's); ``ConfigError`` if it cannot hold the cache's ids."""
         n = len(self)
         idx = []
-        for i in indices:
-            i = int(i)
-            if i < 0:
-                i += n
-            if not 0 <= i < n:
+        for given in indices:
+            try:
+                i = operator.index(given)  # integers only, as for a list: not 1.5, not "7"
+            except TypeError:
+                raise TypeError(f"Cache indices must be integers, not {type(given).__name__}") from None
+            if not -n <= i < n:
                 raise IndexError(f"context {i} out of range (cache holds {n})")
-            idx.append(i)
+            idx.append(i + n if i < 0 else i)
         return self._inner.get(idx, _dtype_name(dtype if dtype is not None else self.dtype))
 
     def __getitem__(self, key: Union[int, slice]) -> np.ndarray:

@@ -66,6 +66,12 @@ pub fn recipe(opts: &BuildOptions, tok: &Tokenizer) -> Result<(Recipe, Option<Pa
         zstd_level: (opts.format == format::Format::BlocksZst).then_some(format::ZSTD_LEVEL),
         input_kind: opts.input_kind,
     };
+    if recipe.input_kind == format::InputKind::Shards {
+        let root = input_root.clone().unwrap_or_default();
+        let local: Vec<PathBuf> =
+            recipe.inputs.iter().filter(|f| !crate::storage::Location::is_url(&f.path)).map(|f| root.join(&f.path)).collect();
+        super::shards::check_sources(&recipe, &local)?;
+    }
     Ok((recipe, input_root))
 }
 

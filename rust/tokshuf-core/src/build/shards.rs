@@ -18,7 +18,9 @@ use rayon::ThreadPool;
 use super::stage1::{FileWriter, Stage1Config};
 use crate::build::input;
 use crate::error::{Error, Result};
-use crate::format::{self, FileSummary, Tail};
+use serde_json::{json, Value};
+
+use crate::format::{self, FileSummary, Recipe, Tail};
 
 /// Read the shards `files` (indices into `paths`) into their spills in `work`. `on_done` hears
 /// of each file finished, on the calling thread. The error returned is that of the lowest
@@ -82,11 +84,16 @@ fn copy_members(cfg: &Stage1Config, path: &Path, w: &mut FileWriter, halted: &dy
             return Err(Error::Interrupted);
         }
         let mut entry = entry.map_err(|e| io_error(path, e, |e| Error::corrupt(path, format!("not a readable tar file: {e}"))))?;
-        if !entry.header().entry_type().is_file() {
-            continue; // folders and the like hold no context
+        let kind = entry.header().entry_type();
+        if kind.is_dir() || kind.is_pax_global_extensions() {
+            continue; // they hold no context
         }
         let name = entry.path().map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
         let member = |reason: String| Error::corrupt(path, format!("member {} ({name}): {reason}", i + 1));
+        if !(kind.is_file() || kind.is_contiguous()) {
+            // A link or a device is no context, and skipping it would lose one silently.
+            return Err(member(format!("a {kind:?} entry, not a context")));
+        }
         if entry.size() > max_member {
             return Err(member(format!("{} bytes: too large for a context of {} ids", entry.size(), cfg.seqlen)));
         }
@@ -149,15 +156,47 @@ fn decode(name: &str, data: &[u8], max_json: u64) -> std::result::Result<Vec<u32
 }
 
 /// Padding ids at the end of a context, by the rule the reader's document boundaries use: the
-/// trailing run of `pad` after the last EOT; when `pad == eot`, the first id of that run is the
-/// EOT that ends the last document.
+/// trailing run of `pad` right after an EOT (a run after anything else is text); when
+/// `pad == eot`, the first id of that run is the EOT that ends the last document.
 fn trailing_padding(ids: &[u32], eot: u32, pad: u32) -> usize {
     let run = ids.iter().rev().take_while(|&&id| id == pad).count();
     if pad == eot {
         run.saturating_sub(1)
-    } else {
+    } else if run < ids.len() && ids[ids.len() - run - 1] == eot {
         run
+    } else {
+        0
     }
+}
+
+/// The caches the shards come from, where their tokshuf.json sits beside them: a shard of
+/// another tokenizer, context length, end or padding id would be mixed in silently (its ids
+/// may all be inside this vocabulary), and the block formats' members are not contexts.
+pub fn check_sources(recipe: &Recipe, shards: &[PathBuf]) -> Result<()> {
+    let mut folders: Vec<&Path> = shards.iter().filter_map(|p| p.parent()).collect();
+    folders.dedup();
+    for dir in folders {
+        let meta_path = dir.join(format::META_NAME);
+        let Some(meta) = std::fs::read(&meta_path).ok().and_then(|b| serde_json::from_slice::<Value>(&b).ok()) else { continue };
+        let theirs = |k: &str| meta.get(k).cloned().unwrap_or(Value::Null);
+        let wrong = |what: String| {
+            Err(Error::Config(format!("{}: {what}; reshuffle shards with the options they were made with", meta_path.display())))
+        };
+        let sha = meta.get("tokenizer").and_then(|t| t.get("sha256")).and_then(Value::as_str);
+        if sha.is_some_and(|sha| sha != recipe.tokenizer.sha256) {
+            let spec = meta.get("tokenizer").and_then(|t| t.get("spec")).and_then(Value::as_str).unwrap_or("?");
+            return wrong(format!("the shards were made with tokenizer {spec}, not {}", recipe.tokenizer.spec));
+        }
+        for (key, ours) in [("seqlen", json!(recipe.seqlen)), ("eot_id", json!(recipe.eot_id)), ("pad_id", json!(recipe.pad_id))] {
+            if !theirs(key).is_null() && theirs(key) != ours {
+                return wrong(format!("the shards have {key} {}, this build {ours}", theirs(key)));
+            }
+        }
+        if let Some(f) = meta.get("format").and_then(Value::as_str).filter(|f| !matches!(*f, "npy" | "json.gz")) {
+            return wrong(format!("the shards are of format {f:?}: a reshuffle reads npy and json.gz members, one context each"));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -168,7 +207,9 @@ mod tests {
     fn padding_is_the_trailing_run_after_the_last_eot() {
         assert_eq!(trailing_padding(&[5, 6, 0, 9, 9], 0, 9), 2);
         assert_eq!(trailing_padding(&[5, 6, 0, 1, 2], 0, 9), 0);
-        assert_eq!(trailing_padding(&[9, 9, 9], 0, 9), 3);
+        // After anything but an EOT, or in a context without one, a pad id is text.
+        assert_eq!(trailing_padding(&[9, 9, 9], 0, 9), 0);
+        assert_eq!(trailing_padding(&[5, 6, 9, 9], 0, 9), 0);
         // pad == eot: the first of the run ends the last document.
         assert_eq!(trailing_padding(&[5, 6, 0, 0, 0], 0, 0), 2);
         assert_eq!(trailing_padding(&[5, 6, 7, 0], 0, 0), 0);
