@@ -14,6 +14,7 @@ import gzip
 import io
 import sys
 import time
+from collections import Counter
 from typing import Callable, Iterator, List, Optional, Tuple
 
 from . import _core
@@ -72,10 +73,11 @@ def _stream_errors() -> Tuple[type, ...]:
 
 
 def read_documents(
-    paths: List[str], key: str, limit: Optional[int], bad: Optional[List[str]] = None
+    paths: List[str], key: str, limit: Optional[int], bad: Optional[Counter] = None
 ) -> Iterator[Tuple[str, str]]:
     """(where, text) of the documents a build tokenizes (lines parsed by the builder's own
-    parser; blank, bad and empty ones are skipped, the bad ones listed in ``bad``), in order.
+    parser; blank, bad and empty ones are skipped, the bad ones counted in ``bad``, the first
+    of them by its location and reason), in order.
     A stream that cannot be decoded is an ``InputError`` naming the line, as in a build."""
     n = 0
     for path in paths:
@@ -90,7 +92,7 @@ def read_documents(
                         n += 1
                         yield f"{path}:{line_no}", text
                     elif kind not in ("text", "blank") and bad is not None:
-                        bad.append(f"{path}:{line_no}: {text}")
+                        bad[f"{path}:{line_no}: {text}" if not bad else "others"] += 1
         except _stream_errors() as e:
             raise InputError(f"{path}:{line_no + 1}: cannot decompress or read: {e}") from e
 
@@ -197,7 +199,7 @@ def _cmd(args: argparse.Namespace) -> int:
                     print(_describe(fast, where, text, g, w), file=sys.stderr)
                 differ.append(where)
 
-    bad: List[str] = []
+    bad: Counter = Counter()
     for where, text in read_documents(expand_inputs(args.corpus), args.text_key, args.limit, bad):
         batch.append((where, text))
         size = len(text.encode("utf-8"))
@@ -210,14 +212,16 @@ def _cmd(args: argparse.Namespace) -> int:
     if batch:
         check(batch)
     if ndocs == 0:
-        why = f"; {len(bad):,} bad lines, the first {bad[0]}" if bad else ""
+        why = f"; {sum(bad.values()):,} bad lines, the first {next(iter(bad))}" if bad else ""
         raise InputError(f"{', '.join(args.corpus)}: no documents to compare{why}")
 
     print(f"{args.tokenizer}: {ndocs:,} documents, {nbytes / 1e6:,.1f} MB of text, {nids:,} reference ids")
     print(f"  fast      {fast.backend}: {nbytes / 1e6 / max(t_fast, 1e-9):.1f} MB/s (one thread)")
     print(f"  reference {name}: {nbytes / 1e6 / max(t_ref, 1e-9):.1f} MB/s (one thread)")
     if bad:
-        print(f"  skipped   {len(bad):,} bad lines (a build raises or skips them), the first {bad[0]}")
+        print(
+            f"  skipped   {sum(bad.values()):,} bad lines (a build raises or skips them), the first {next(iter(bad))}"
+        )
     print(
         f"  {len(differ):,} differ"
         + (
