@@ -394,6 +394,17 @@ def test_empty_existing_folder_is_fine(small_corpus, tmp_path):
     assert build(small_corpus, tmp_path / "empty", **OPTS).num_contexts > 0
 
 
+def test_a_complete_cache_with_a_damaged_shard_is_not_returned_as_built(small_corpus, tmp_path):
+    out = tmp_path / "c"
+    build(small_corpus, out, **OPTS)
+    shard = out / "shard_00000000.tar"
+    shard.write_bytes(shard.read_bytes()[:-512])
+    with pytest.raises(tokshuf.CacheCorruptError, match="says complete, but the cache is not"):
+        build(small_corpus, out, **OPTS)
+    build(small_corpus, out, overwrite=True, **OPTS)
+    assert tokshuf.verify(out, full=True).ok
+
+
 def test_complete_build_returns_at_once(small_corpus, tmp_path):
     out = tmp_path / "c"
     first = build(small_corpus, out, **OPTS)

@@ -22,8 +22,9 @@ class Cache:
     """A tokshuf cache opened for reading.
 
     Opening reads ``tokshuf.json`` and ``manifest.jsonl`` and checks them against each other
-    and against the shard files (names, counts, sizes; a missing or truncated shard raises
-    :class:`tokshuf.CacheCorruptError` naming the file). No shard data is read until asked for;
+    and against the folder's listing (names, counts; a missing shard raises
+    :class:`tokshuf.CacheCorruptError` naming the file); a shard's size is checked when it is
+    first read (a truncated one raises it then). No shard data is read until asked for;
     ``npy`` shards are memory-mapped, ``json.gz`` shards indexed by one scan of their headers.
 
     ``len(cache)`` is the number of contexts; ``cache[i]`` is context ``i`` in manifest order
@@ -34,8 +35,9 @@ class Cache:
             docs/storage.md): whole shards are then downloaded into ``cache_dir`` before use,
             checked against the manifest, and the least recently used dropped to stay within
             ``cache_limit`` bytes; a second open finds them there (warm).
-        check_files: stat every shard at open (default). ``False`` checks each shard's size
-            when it is first read instead: for caches of very many chunks opened often.
+        check_files: check at open that every shard exists, from one listing of the folder
+            (default). ``False`` leaves that to each shard's first read too: for caches of
+            very many chunks opened often.
         follow: open a cache whose build is still running (docs/resume-and-follow.md): opening
             waits for ``tokshuf.json`` (and, for a shuffled build, for its chunk plan); ``len``,
             ``chunk_sizes`` and ``num_chunks`` wait for the plan; reads wait for their shards.

@@ -58,7 +58,7 @@ class Reader:
     example of the global batch (``pad_to="longest"``, the same width on every rank) or to the
     bin's bound (``pad_to="bin"``). Reading and seeking go by whole batches (an example index
     must be a multiple of ``batch_size``); ``tokens_seen`` counts the real ids of the global
-    batches read since construction or :meth:`load_state_dict`. ``single_pass``,
+    batches read, and is saved in :meth:`state_dict` (restored by :meth:`load_state_dict`). ``single_pass``,
     ``boundaries``, ``follow`` and blends do not apply to unpacked caches.
 
     Args:
@@ -203,8 +203,9 @@ class Reader:
     # ---- options --------------------------------------------------------------------------
     @property
     def tokens_seen(self) -> int:
-        """Unpacked caches: real ids of the global batches read since construction or
-        :meth:`load_state_dict` (0 for packed caches, where it is ``step * batch_size * seqlen``)."""
+        """Unpacked caches: real ids of the global batches read, counted on from the value a
+        :meth:`load_state_dict` restores (0 for packed caches, where it is
+        ``step * batch_size * seqlen``)."""
         return self._tokens_seen
 
     @property

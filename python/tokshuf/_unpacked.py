@@ -51,7 +51,8 @@ def is_unpacked(path: PathLike) -> bool:
 
 class UnpackedCache:
     """A cache of unpacked documents in length bins (``packing="none"``), opened and checked:
-    tokshuf.json, every bin's manifest, and the size of every shard and ``.idx`` sidecar.
+    tokshuf.json, every bin's manifest, every shard present and every ``.idx`` sidecar's size
+    (a shard's own size is checked when it is first read).
 
     Read it with :class:`tokshuf.Reader`, which draws every global batch from one bin. Bin
     ``k`` is the sub-cache ``bin_KK/``; ``bins`` lists each bin's bound and counts.

@@ -130,7 +130,10 @@ pub fn prepare(out: &Place, work: &Place, recipe: &Recipe, inputs: &[PathBuf], o
             let opened = if recipe.packing.is_unpacked() {
                 crate::read::unpacked::Unpacked::open(dir, true).map(drop)
             } else {
-                crate::read::cache::Cache::open_with(dir, true).map(drop)
+                // And every shard's size, which a reader checks only as it first reads one.
+                crate::read::cache::Cache::open_with(dir, true).and_then(|cache| {
+                    (0..cache.sizes().len() as u64).try_for_each(|c| cache.entry(c).map_or(Ok(()), |e| cache.check_chunk(c, &e)))
+                })
             };
             opened.map_err(|e| {
                 Error::corrupt(
