@@ -129,6 +129,17 @@ def test_shuffled_bestfit_holds_the_same_contexts(tmp_path: Path):
     assert a != b and Counter(map(tuple, a)) == Counter(map(tuple, b))
 
 
+@pytest.mark.parametrize("packing", ["bestfit", "none"])
+def test_a_tail_policy_that_does_not_apply_is_not_part_of_the_recipe(tmp_path: Path, packing):
+    # Best fit and unpacked builds have no tail: a tail given anyway shaped nothing, so it is
+    # recorded as the default, and a rerun that differs only in it is the same build.
+    src = write_jsonl(tmp_path / "in.jsonl", make_docs(30))
+    first = build([src], tmp_path / "c", tokenizer=SPEC, seqlen=64, chunk_size=8, packing=packing, tail="pad")
+    assert first.metadata["recipe"]["tail"] == "stitch"
+    again = build([src], tmp_path / "c", tokenizer=SPEC, seqlen=64, chunk_size=8, packing=packing, tail="drop")
+    assert again.metadata == first.metadata
+
+
 def test_packing_options_are_checked(tmp_path: Path):
     src = write_jsonl(tmp_path / "in.jsonl", make_docs(3))
     with pytest.raises(tokshuf.ConfigError, match="pack_window is an option of"):

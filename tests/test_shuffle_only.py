@@ -188,3 +188,10 @@ def test_tar_entries_that_are_no_context_are_refused_not_skipped(tmp_path):
     link.type, link.linkname = tarfile.LNKTYPE, "00000000_00000000.npy"
     with pytest.raises(tokshuf.CacheCorruptError, match=r"member 3 .*: a Link entry, not a context"):
         build([shard(tmp_path / "l" / "s.tar", link)], tmp_path / "out2", shuffle_only=True, **OPTS)
+
+
+def test_options_that_shape_no_shard_are_not_part_of_the_recipe(source, tmp_path):
+    # A reshuffle parses no JSON and cuts no tails (--dclm-compat passes tail="pad" anyway).
+    meta = build([source], tmp_path / "out", shuffle_only=True, tail="pad", text_key="body", **OPTS).metadata
+    assert (meta["recipe"]["tail"], meta["recipe"]["text_key"]) == ("stitch", "text")
+    assert build([source], tmp_path / "out", shuffle_only=True, **OPTS).metadata == meta

@@ -12,7 +12,7 @@ use super::cells::{self, DEFAULT_CELL_CONTEXTS, FILE_BITS, POS_BITS};
 use super::stream::{self, Placed};
 use super::BuildOptions;
 use crate::error::{Error, Result};
-use crate::format::{self, Dtype, FileSummary, InputFile, Packing, PackingFigures, Recipe, TokenizerInfo, Totals};
+use crate::format::{self, Dtype, FileSummary, InputFile, Packing, PackingFigures, Recipe, Tail, TokenizerInfo, Totals};
 use crate::tokenize::Tokenizer;
 
 /// The recipe of a build (options checked against the tokenizer, inputs listed and sized), and
@@ -35,6 +35,11 @@ pub fn recipe(opts: &BuildOptions, tok: &Tokenizer) -> Result<(Recipe, Option<Pa
         }
     }
     let (inputs, input_root) = input_files(&opts.inputs)?;
+    // Options that shape nothing here are recorded as their defaults: the recipe says what
+    // made the cache, and a rerun that differs only in them is the same build.
+    let jsonl = opts.input_kind.is_jsonl();
+    let tail = if jsonl && opts.packing.is_concat() { opts.tail } else { Tail::Stitch };
+    let text_key = if jsonl { opts.text_key.clone() } else { "text".to_string() };
     let recipe = Recipe {
         tokshuf_version: format::VERSION.to_string(),
         format_version: format::FORMAT_VERSION,
@@ -49,9 +54,9 @@ pub fn recipe(opts: &BuildOptions, tok: &Tokenizer) -> Result<(Recipe, Option<Pa
         chunk_size: opts.chunk_size,
         num_local_cells: opts.num_local_cells,
         seed: opts.seed,
-        text_key: opts.text_key.clone(),
+        text_key,
         format: opts.format,
-        tail: opts.tail,
+        tail,
         eot_id,
         pad_id,
         bos_id,
