@@ -49,7 +49,11 @@ def _unlistable(err: OSError) -> None:
 
 
 def _inside(path: str, folders: Sequence[str]) -> bool:
-    real = os.path.realpath(path)
+    """Is ``path`` (resolved) one of ``folders`` (real paths) or under one?"""
+    return _under(os.path.realpath(path), folders)
+
+
+def _under(real: str, folders: Sequence[str]) -> bool:
     return any(real == f or real.startswith(f.rstrip(os.sep) + os.sep) for f in folders)
 
 
@@ -59,7 +63,7 @@ def _walk(root: str, suffixes: Sequence[str], exclude: Sequence[str]) -> Iterabl
     seen = set()
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True, onerror=_unlistable):
         real = os.path.realpath(dirpath)
-        if real in seen or _inside(real, exclude):  # a symlink loop, a second link, the output
+        if real in seen or _under(real, exclude):  # a symlink loop, a second link, the output
             dirnames[:] = []
             continue
         seen.add(real)

@@ -345,6 +345,13 @@ mod tests {
             .collect()
     }
 
+    /// `n` shards `shard_NNNNNNNN.tar` in `dir`, shard i of `size + i` bytes.
+    fn numbered(dir: &Path, n: usize, size: usize) -> Vec<Want> {
+        let names: Vec<(String, usize)> = (0..n).map(|i| (format!("shard_{i:08}.tar"), size + i)).collect();
+        let refs: Vec<(&str, usize)> = names.iter().map(|(n, s)| (n.as_str(), *s)).collect();
+        remote(dir, &refs)
+    }
+
     #[test]
     fn fetches_checks_and_stays_within_budget() {
         let t = tempfile::tempdir().unwrap();
@@ -367,9 +374,7 @@ mod tests {
     fn two_caches_of_one_process_fetch_the_same_shards_at_once() {
         // Each download has a file of its own until it is renamed into place.
         let t = tempfile::tempdir().unwrap();
-        let names: Vec<(String, usize)> = (0..64).map(|i| (format!("shard_{i:08}.tar"), 200_000 + i)).collect();
-        let refs: Vec<(&str, usize)> = names.iter().map(|(n, s)| (n.as_str(), *s)).collect();
-        let wants = remote(&t.path().join("remote"), &refs);
+        let wants = numbered(&t.path().join("remote"), 64, 200_000);
         for round in 0..4 {
             let dir = t.path().join(format!("local{round}"));
             let caches: Vec<ShardCache> =
@@ -392,9 +397,7 @@ mod tests {
     #[test]
     fn prefetch_in_order_then_warm() {
         let t = tempfile::tempdir().unwrap();
-        let names: Vec<(String, usize)> = (0..8).map(|i| (format!("shard_{i:08}.tar"), 500 + i)).collect();
-        let refs: Vec<(&str, usize)> = names.iter().map(|(n, s)| (n.as_str(), *s)).collect();
-        let wants = remote(&t.path().join("remote"), &refs);
+        let wants = numbered(&t.path().join("remote"), 8, 500);
         let root = Location::Local(t.path().join("remote"));
         let cache = ShardCache::new(root.clone(), t.path().join("local"), 1 << 20, 3).unwrap();
         cache.prefetch(wants.clone());
