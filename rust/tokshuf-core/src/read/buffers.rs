@@ -40,12 +40,15 @@ element!(i32, I32);
 element!(i64, I64);
 
 /// Buffers of batches given back. A cache owns one pool, shared by its readers one after the
-/// other (a new single pass reuses the last one's buffers instead of faulting in new ones), and
+/// other: a new single pass fills the buffers the last one freed instead of faulting in new
+/// pages, which with two read threads cost as much as the pass itself on a small cache. It
 /// holds at most as many buffers as its readers keep in flight (holding more would only hold
-/// memory), two when none is reading.
+/// memory) and, when none is reading, as many as the last ones had in flight.
 pub struct BufferPool {
     /// Buffers the readers alive now keep in flight, in all (`Reservation`s).
     reserved: AtomicUsize,
+    /// `reserved` before it last went down: what is kept while no reader needs it.
+    idle: AtomicUsize,
     /// Per process: a child forked while a parent's thread held the lock starts empty.
     free: PerProcess<Mutex<Vec<Batch>>>,
 }
@@ -62,13 +65,13 @@ pub struct Reservation(AtomicUsize);
 
 impl BufferPool {
     pub fn new() -> BufferPool {
-        BufferPool { reserved: AtomicUsize::new(0), free: PerProcess::new() }
+        BufferPool { reserved: AtomicUsize::new(0), idle: AtomicUsize::new(0), free: PerProcess::new() }
     }
 
-    /// Buffers held at most: one batch being read while the consumer holds the previous one,
-    /// or what the readers keep in flight.
+    /// Buffers held at most: what the readers keep in flight, or what they last kept, and
+    /// never fewer than one batch being read while the consumer holds the previous one.
     fn keep(&self) -> usize {
-        self.reserved.load(Ordering::Relaxed).max(2)
+        self.reserved.load(Ordering::Relaxed).max(self.idle.load(Ordering::Relaxed)).max(2)
     }
 
     /// The reader holding `r` keeps `n` buffers in flight now (0: it is done).
@@ -77,7 +80,8 @@ impl BufferPool {
         if n >= old {
             self.reserved.fetch_add(n - old, Ordering::Relaxed);
         } else {
-            self.reserved.fetch_sub(old - n, Ordering::Relaxed);
+            let before = self.reserved.fetch_sub(old - n, Ordering::Relaxed);
+            self.idle.store(before, Ordering::Relaxed);
             let keep = self.keep();
             self.free().truncate(keep);
         }
@@ -148,8 +152,29 @@ mod tests {
         }
         assert_eq!(pool.free().len(), 5, "what both readers keep in flight");
         pool.reserve(&a, 0);
-        assert_eq!(pool.free().len(), 2, "a reader done: back to two");
+        assert_eq!(pool.free().len(), 5, "a reader done: what was in flight waits for the next one");
         pool.reserve(&b, 0);
+        assert_eq!(pool.free().len(), 2, "the last reader kept one in flight: two are held");
         assert_eq!(pool.reserved.load(Ordering::Relaxed), 0);
+        // Single passes one after the other fill the same buffers.
+        let c = Reservation::default();
+        pool.reserve(&c, 8);
+        let held: Vec<Vec<i64>> = (0..8).map(|_| pool.take(4)).collect();
+        let ptrs: Vec<*const i64> = held.iter().map(|v| v.as_ptr()).collect();
+        for v in held {
+            pool.give(Batch::I64(v));
+        }
+        pool.reserve(&c, 0);
+        let d = Reservation::default();
+        pool.reserve(&d, 8);
+        let again: Vec<Vec<i64>> = (0..8).map(|_| pool.take(4)).collect();
+        assert!(again.iter().all(|v| ptrs.contains(&v.as_ptr())), "the next pass reuses all eight");
+        for v in again {
+            pool.give(Batch::I64(v));
+        }
+        pool.reserve(&d, 3);
+        assert_eq!(pool.free().len(), 8, "until its reader keeps fewer in flight, then ends");
+        pool.reserve(&d, 0);
+        assert_eq!(pool.free().len(), 3);
     }
 }
