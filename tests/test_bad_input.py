@@ -761,3 +761,36 @@ def test_unreadable_input(shared_dir, what):
     assert res["error"] is not None, "an unreadable input must not be skipped silently"
     assert "TokshufPermissionError" in res["error"] and "PermissionError" in res["error"], res
     assert str(locked) in res["message"]
+
+
+@pytest.mark.parametrize("edit", ["appended", "cut", "rewritten at the same size"])
+def test_an_input_changed_while_the_build_runs_stops_it(tmp_path, edit):
+    """tokshuf.json records each input's size when the build lists it; a file of another size
+    when it is read would make a cache of other data than the recipe says (and its resume
+    would then mix the two): the build stops with a typed error instead."""
+    from support.build import BuildProcess
+
+    inputs = []
+    for k in range(3):
+        p = tmp_path / "in" / f"p{k}.jsonl"
+        write_jsonl(p, make_docs(60, seed=k))
+        inputs.append(p)
+    out = tmp_path / "out"
+    gate = tmp_path / "gate"
+    b = BuildProcess(inputs, out, dict(seqlen=32, threads=1, progress=False), {"TOKSHUF_TEST_GATE": f"start:{gate}"})
+    b.wait_trace("gate start")  # listed, nothing read yet
+    victim = inputs[1]
+    text = victim.read_text()
+    if edit == "appended":
+        victim.write_text(text + json.dumps({"text": "one more"}) + "\n")
+    elif edit == "cut":
+        victim.write_text(text[: len(text) // 2].rsplit("\n", 1)[0] + "\n")
+    else:  # not seen by this run (a resume sees it by its mtime): only no false alarm is checked
+        victim.write_text(text)
+    gate.write_text("go")
+    _, err = b.proc.communicate(timeout=120)
+    if edit == "rewritten at the same size":
+        assert b.proc.returncode == 0, err.decode()
+        return
+    assert b.proc.returncode != 0
+    assert "TokshufIOError" in err.decode() and "p1.jsonl: changed while the build ran" in err.decode(), err.decode()

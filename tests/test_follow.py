@@ -201,8 +201,64 @@ def test_dead_build_is_a_typed_error(corpus, tmp_path):
 
 def test_no_build_at_all(tmp_path):
     (tmp_path / "empty").mkdir()
-    with pytest.raises(tokshuf.BuildNotRunningError):
-        tokshuf.Cache(tmp_path / "empty", follow=True, timeout=600)
+    with pytest.raises(tokshuf.BuildNotRunningError, match=r"no build has written tokshuf\.json there yet"):
+        tokshuf.Cache(tmp_path / "empty", follow=True)
+    # With a timeout, a build that has not started may be about to: it is waited for.
+    t0 = time.monotonic()
+    with pytest.raises(tokshuf.FollowTimeoutError):
+        tokshuf.Cache(tmp_path / "missing", follow=True, timeout=0.3)
+    assert time.monotonic() - t0 >= 0.3
+
+
+def test_a_reader_started_before_its_build_waits_for_it(corpus, tmp_path):
+    """A trainer and its build launched together: the reader may look first."""
+    out = tmp_path / "c"
+    join = in_thread(lambda: take(tokshuf.Reader(out, follow=True, timeout=60, batch_size=16, prefetch=2), 40))
+    time.sleep(0.2)
+    tokshuf.build_cache([str(p) for p in corpus], out, **OPTS)
+    assert_same(join(), take(tokshuf.Reader(out, batch_size=16), 40))
+
+
+def test_a_rebuild_with_other_options_is_not_mixed_in(corpus, tmp_path):
+    """A follow reader whose build is killed and the folder rebuilt with overwrite=True and
+    another seed (same chunk plan, other contexts in each shard) must not go on reading the
+    new build's shards as if they were the old one's."""
+    out = tmp_path / "c"
+    b = BuildProcess(corpus, out, OPTS, {"TOKSHUF_TEST_PAUSE": "stage2.shard:6"})
+    b.wait_trace("paused stage2.shard")
+    r = tokshuf.Reader(out, follow=True, timeout=60, batch_size=16, prefetch=0)
+    take(r, 2)  # from the shards written so far
+    b.kill()
+    tokshuf.build_cache([str(p) for p in corpus], out, **dict(OPTS, seed=1), overwrite=True)
+    with pytest.raises(tokshuf.CacheCorruptError, match="changed while following the build"):
+        take(r, len(tokshuf.Cache(out)) // 16)
+
+
+def test_following_is_decided_when_a_cache_is_opened(corpus, tmp_path):
+    out = tmp_path / "c"
+    b, release = gated_build(corpus, out, OPTS)
+    try:
+        release()
+        following = tokshuf.Cache(out, follow=True, timeout=60)
+        assert following.following
+        # Options that disagree with the opened cache are refused, not dropped.
+        with pytest.raises(tokshuf.ConfigError, match="was opened with follow=True, timeout=60"):
+            tokshuf.Reader(following, batch_size=16, timeout=5)
+        tokshuf.Reader(following, batch_size=16, follow=True, timeout=60)  # the same: fine
+        # Blends read finished caches only.
+        with pytest.raises(tokshuf.ConfigError, match="blends read finished caches"):
+            tokshuf.Blend([(following, 1), (following.path, 1)])
+        r = tokshuf.Reader(following, batch_size=16)
+        take(r, 3)
+    finally:
+        b.finish()
+    with pytest.raises(tokshuf.ConfigError, match="was opened with follow=False"):
+        tokshuf.Reader(tokshuf.Cache(out), batch_size=16, follow=True)
+    # Once the followed build is complete, states of the finished cache's readers load too.
+    plain = tokshuf.Reader(out, batch_size=16)
+    take(plain, 5)
+    r.load_state_dict(plain.state_dict())
+    assert_same(take(r, 3), take(plain, 3))
 
 
 def test_second_concurrent_build_is_refused(corpus, tmp_path):

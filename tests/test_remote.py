@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -207,7 +208,8 @@ def test_remote_cache_gives_the_local_batches_cold_and_warm_within_budget(
     # A budget of two shards: shards come and go, batches stay the same.
     small = tmp_path / "small"
     proxy = s3.faults(seed=0, rate=0.0)
-    assert batches(tokshuf.Cache(url, cache_dir=small, cache_limit=2 * max(sizes)), n) == want
+    with pytest.warns(UserWarning, match="downloaded again and again"):
+        assert batches(tokshuf.Cache(url, cache_dir=small, cache_limit=2 * max(sizes)), n) == want
     held = sum(p.stat().st_size for p in small.rglob("shard_*.tar"))
     assert 0 < held <= 2 * max(sizes)
     assert shard_gets(proxy) > len(sizes)  # some were fetched again after eviction
@@ -238,7 +240,8 @@ def test_two_caches_sharing_a_folder_and_a_budget(s3: S3, tmp_path: Path, small_
     want = tokshuf.Reader(tokshuf.Cache(local), batch_size=8, seed=3)
     want = [next(want).tobytes() for _ in range(n)]
     shared = tmp_path / "shared"
-    small = tokshuf.Reader(tokshuf.Cache(url, cache_dir=shared, cache_limit=2 * size), batch_size=8, seed=3)
+    with pytest.warns(UserWarning, match="downloaded again and again"):
+        small = tokshuf.Reader(tokshuf.Cache(url, cache_dir=shared, cache_limit=2 * size), batch_size=8, seed=3)
     big = tokshuf.Reader(tokshuf.Cache(url, cache_dir=shared), batch_size=8, seed=3)
     half = n // 2
     assert [next(small).tobytes() for _ in range(half)] == want[:half]
@@ -258,7 +261,8 @@ def test_remote_blocks_zst_cache_gives_the_local_batches(s3: S3, tmp_path: Path,
     n = 2 * len(tokshuf.Cache(local)) // 8
     want = batches(tokshuf.Cache(local), n)
     proxy = s3.faults(seed=0, rate=0.0)
-    assert batches(tokshuf.Cache(url, cache_dir=tmp_path / "small", cache_limit=2 * max(sizes)), n) == want
+    with pytest.warns(UserWarning, match="downloaded again and again"):
+        assert batches(tokshuf.Cache(url, cache_dir=tmp_path / "small", cache_limit=2 * max(sizes)), n) == want
     assert shard_gets(proxy) > len(sizes)
 
 
@@ -321,7 +325,8 @@ def test_remote_reader_fetches_ahead_in_its_exact_future_order(s3: S3, tmp_path:
             break
     assert ahead != sorted(ahead) or ahead[0] != 0
     d = tmp_path / "cc"
-    r = tokshuf.Reader(tokshuf.Cache(url, cache_dir=d, cache_limit=3 * size), batch_size=1, seed=3, prefetch=0)
+    with pytest.warns(UserWarning, match="downloaded again and again"):  # three shards: the point here
+        r = tokshuf.Reader(tokshuf.Cache(url, cache_dir=d, cache_limit=3 * size), batch_size=1, seed=3, prefetch=0)
     r.seek(example=start)
     assert (
         next(r).tobytes()
@@ -488,3 +493,70 @@ def test_status_of_a_build_into_the_store(
     assert build_status(url)["running"] is False
     r = run_cli("status", url)
     assert r.returncode == 0 and "not running" in r.stdout
+
+
+def test_kept_shards_are_checked_and_missing_ones_are_a_corrupt_cache(
+    s3: S3, tmp_path: Path, small_corpus: list
+) -> None:
+    """Shards a run left in cache_dir are hashed before a later run uses them; a shard the
+    manifest lists but the store lacks is a CacheCorruptError, from the reader's own thread or
+    from its read-ahead alike, naming the shard once."""
+    local = tmp_path / "local"
+    tokshuf.build_cache(small_corpus, local, **OPTS)
+    url = s3.url("caches/k")
+    tokshuf._core._storage_publish(str(local), url)
+    n = len(tokshuf.Cache(local)) // 8
+    want = batches(tokshuf.Cache(local), n)
+    kept = tmp_path / "kept"
+    assert batches(tokshuf.Cache(url, cache_dir=kept), n) == want
+    (shard,) = kept.rglob("shard_00000000.tar")
+    data = bytearray(shard.read_bytes())
+    data[700] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    assert batches(tokshuf.Cache(url, cache_dir=kept), n) == want  # fetched again, not served
+    s3.client.delete_object(Bucket=s3.bucket, Key="caches/k/shard_00000001.tar")
+    for prefetch in (0, 2):
+        cache = tokshuf.Cache(url, cache_dir=tmp_path / f"cold{prefetch}")
+        with pytest.raises(tokshuf.CacheCorruptError, match="no such object, though the manifest lists it") as e:
+            for _ in tokshuf.Reader(cache, batch_size=8, prefetch=prefetch, single_pass=True):
+                pass
+        assert str(e.value).count("shard_00000001.tar") == 1, str(e.value)
+
+
+def test_a_cache_limit_too_small_for_the_order_is_warned_of(s3: S3, tmp_path: Path, small_corpus: list) -> None:
+    local = tmp_path / "local"
+    tokshuf.build_cache(small_corpus, local, **OPTS)
+    url = s3.url("caches/w")
+    tokshuf._core._storage_publish(str(local), url)
+    size = max(p.stat().st_size for p in local.glob("shard_*.tar"))
+    chunks = tokshuf.Cache(local).num_chunks
+    assert chunks >= 4
+    tight = tokshuf.Cache(url, cache_dir=tmp_path / "c", cache_limit=2 * size)
+    with pytest.warns(UserWarning, match="downloaded again and again"):
+        tokshuf.Reader(tight, batch_size=8)
+    # A rank of world_size R* reads one stream: two shards are room enough; so is a single pass.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tokshuf.Reader(tight, batch_size=8, ideal_readers=4, world_size=4)
+        tokshuf.Reader(tight, batch_size=8, single_pass=True)
+        tokshuf.Reader(tokshuf.Cache(url, cache_dir=tmp_path / "c", cache_limit=chunks * size), batch_size=8)
+    for bad in (-1, 2**64, "1G", 1.5, True):
+        with pytest.raises(tokshuf.ConfigError, match="cache_limit"):
+            tokshuf.Cache(url, cache_dir=tmp_path / "c", cache_limit=bad)
+
+
+def test_an_input_object_changed_after_the_build_listed_it_stops_it(s3: S3, tmp_path: Path, small_corpus: list) -> None:
+    from support.build import BuildProcess
+
+    upload_all(s3, small_corpus, "changing")
+    inputs = [s3.url(f"changing/{p.name}") for p in small_corpus]
+    out = tmp_path / "out"
+    gate = tmp_path / "gate"
+    b = BuildProcess(inputs, out, dict(OPTS, threads=1), {"TOKSHUF_TEST_GATE": f"start:{gate}"})
+    b.wait_trace("gate start")
+    first = small_corpus[0]
+    s3.put(f"changing/{first.name}", first.read_bytes()[: first.stat().st_size // 2])
+    gate.write_text("go")
+    _, err = b.proc.communicate(timeout=120)
+    assert b.proc.returncode != 0
+    assert f"{first.name}: changed while the build ran" in err.decode(), err.decode()

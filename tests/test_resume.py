@@ -141,16 +141,29 @@ def truncate_listed_shard(out: Path) -> None:
     shard.write_bytes(shard.read_bytes()[:1024])
 
 
+def flip_spill_bytes(out: Path) -> None:
+    # A byte of every spill the killed run finished, changed as a failing disk (or a person in
+    # the work folder) would: the resumed run must tokenize those files again, not shard them.
+    spills = sorted((out / ".tokshuf-work").glob("f*.ctx"))
+    assert spills
+    for spill in spills:
+        data = bytearray(spill.read_bytes())
+        for at in range(1, len(data), 997):
+            data[at] ^= 1
+        spill.write_bytes(bytes(data))
+
+
 def complete_too_early(out: Path) -> None:
     meta = json.loads((out / "tokshuf.json").read_text())
     (out / "tokshuf.json").write_text(json.dumps(dict(meta, status="complete")))
 
 
-@pytest.mark.parametrize("damage", [damage_unlisted_shard, truncate_listed_shard, complete_too_early])
+@pytest.mark.parametrize("damage", [damage_unlisted_shard, truncate_listed_shard, flip_spill_bytes, complete_too_early])
 def test_what_a_killed_run_left_damaged_is_not_trusted(tmp_path, damage):
     """A resumed build writes again any shard no manifest line vouches for, rather than hash
-    it (which would bless the damage: verify --full could not see it then); a tokshuf.json
-    that says complete is checked before the build returns it."""
+    it (which would bless the damage: verify --full could not see it then), and tokenizes again
+    a file whose spill no longer has its checksum; a tokshuf.json that says complete is checked
+    before the build returns it."""
     inputs = make_corpus(tmp_path / "in")
     want = tmp_path / "clean"
     tokshuf.build_cache(inputs, want, **OPTS)

@@ -55,6 +55,11 @@ class BlendComponent:
 def _open_component(source: Any) -> Cache:
     """A component given as a path is opened (and checked) as a :class:`tokshuf.Cache`."""
     if isinstance(source, Cache):
+        if source.following:
+            raise ConfigError(
+                f"{source.path}: opened with follow=True while its build runs; blends read finished caches "
+                "(open it again once the build is complete)"
+            )
         return source
     if isinstance(source, (str, os.PathLike)):
         return Cache(source)

@@ -12,6 +12,7 @@ import numpy as np
 
 from . import _core
 from ._inputs import location
+from .exceptions import ConfigError, TokshufError
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -34,17 +35,20 @@ class Cache:
         path: the cache folder, or an object-store URL (``s3://BUCKET/PREFIX``;
             docs/storage.md): whole shards are then downloaded into ``cache_dir`` before use,
             checked against the manifest, and the least recently used dropped to stay within
-            ``cache_limit`` bytes; a second open finds them there (warm).
+            ``cache_limit`` bytes; a second open finds them there (warm) and hashes each once
+            before its first use.
         check_files: check at open that every shard exists, from one listing of the folder
             (default). ``False`` leaves that to each shard's first read too: for caches of
-            very many chunks opened often.
+            very many chunks opened often. A remote cache's shards are checked as each is
+            downloaded, not listed at open.
         follow: open a cache whose build is still running (docs/resume-and-follow.md): opening
             waits for ``tokshuf.json`` (and, for a shuffled build, for its chunk plan); ``len``,
             ``chunk_sizes`` and ``num_chunks`` wait for the plan; reads wait for their shards.
             On a complete cache it changes nothing.
         timeout: with ``follow``, seconds each wait may last (None: no limit) before
             :class:`tokshuf.FollowTimeoutError`; with no build running and the cache not
-            complete, :class:`tokshuf.BuildNotRunningError` comes at once.
+            complete, :class:`tokshuf.BuildNotRunningError` comes at once, except before any
+            build has written ``tokshuf.json``: a timeout then waits for one to start.
         cache_dir: for a remote cache, the local folder of downloaded shards (default: a folder
             in the system's temporary folder).
         cache_limit: for a remote cache, the bytes ``cache_dir`` may hold (default: no limit).
@@ -65,7 +69,13 @@ class Cache:
         self._follow = bool(follow)
         self._timeout = None if timeout is None else _seconds("timeout", timeout)
         self._cache_dir = None if cache_dir is None else os.fspath(cache_dir)
-        self._cache_limit = cache_limit
+        if cache_limit is not None and (
+            isinstance(cache_limit, bool)
+            or not isinstance(cache_limit, numbers.Integral)
+            or not 0 <= cache_limit < 2**64
+        ):
+            raise ConfigError(f"cache_limit must be a number of bytes in [0, 2**64) or None, not {cache_limit!r}")
+        self._cache_limit = None if cache_limit is None else int(cache_limit)
         self._inner = _core.Cache(
             self._path, self._check_files, self._follow, self._timeout, self._cache_dir, self._cache_limit
         )
@@ -104,8 +114,20 @@ class Cache:
 
     def _state_fingerprints(self) -> List[str]:
         """Cache fingerprints a reader state may carry: states saved while following the
-        build name its recipe (the manifest was not final yet)."""
-        return [self.fingerprint, self.recipe_fingerprint]
+        build name its recipe (the manifest was not final yet), and once the followed build
+        is complete, states saved by readers of the finished cache name its manifest too."""
+        accepted = [self.fingerprint, self.recipe_fingerprint]
+        if self.following:
+            try:
+                finished = Cache(
+                    self._path, check_files=False, cache_dir=self._cache_dir, cache_limit=self._cache_limit
+                )
+            except TokshufError:
+                pass  # not complete yet
+            else:
+                if finished.recipe_fingerprint == self.recipe_fingerprint:
+                    accepted.append(finished.fingerprint)
+        return accepted
 
     @property
     def path(self) -> str:
@@ -213,16 +235,12 @@ class Cache:
 
 
 def _seconds(name: str, value: Any) -> float:
-    from .exceptions import ConfigError
-
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ConfigError(f"{name} must be a number of seconds, not {value!r}")
     return float(value)
 
 
 def _dtype_name(dtype: Union[str, np.dtype, type]) -> str:
-    from .exceptions import ConfigError
-
     try:
         dt = np.dtype(dtype)
     except TypeError:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import warnings
 from typing import Any, Dict, Iterator, Literal, Optional, Tuple, Union
 
 import numpy as np
@@ -38,6 +40,30 @@ def _int(name: str, value: Any, lo: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not lo <= value < 2**64:
         raise ConfigError(f"{name} must be an integer in [{lo}, 2**64), not {value!r}")
     return int(value)
+
+
+def _warn_if_shards_thrash(cache: Cache, ideal_readers: int, world_size: int) -> None:
+    """A remote cache whose ``cache_limit`` cannot hold the shards a rank reads side by side.
+
+    The order interleaves R* streams, each reading its own chunk, and a rank's examples fall in
+    R* / gcd(world_size, R*) of them: with fewer shards than that in the local cache, nearly
+    every example evicts a shard another needs next and downloads one again."""
+    limit = cache._cache_limit
+    meta = cache.metadata
+    if limit is None or meta.get("status") != "complete":
+        return
+    contexts, chunks, size = meta.get("num_contexts") or 0, meta.get("num_chunks") or 0, meta.get("bytes_out") or 0
+    if not (contexts and chunks and size):
+        return
+    side_by_side = min(ideal_readers // math.gcd(world_size, ideal_readers), chunks)
+    shard = size * min(meta.get("chunk_size") or contexts, contexts) // contexts  # a full chunk's shard
+    if limit < side_by_side * shard:
+        warnings.warn(
+            f"{cache.path}: cache_limit={limit} holds fewer than the {side_by_side} shards of about {shard} bytes "
+            f"this reader reads side by side (ideal_readers={ideal_readers}, world_size={world_size}), so shards "
+            f"would be downloaded again and again: give cache_limit at least {side_by_side * shard}",
+            stacklevel=3,
+        )
 
 
 class Reader:
@@ -87,9 +113,12 @@ class Reader:
             exactly those of the finished cache, each waiting until the shards (and, for a
             ``shuffle=False`` build, the manifest lines or the plan) it needs exist. While the
             end of a single pass is not known, ``num_examples`` and ``num_steps`` are None.
-            States saved while following load on the finished cache.
+            States saved while following load on the finished cache. A :class:`tokshuf.Cache`
+            given as ``cache`` follows as it was opened: ``follow`` and ``timeout`` other than
+            its own raise :class:`tokshuf.ConfigError`.
         timeout: with ``follow``, seconds to wait for each missing piece (None: no limit)
-            before :class:`tokshuf.FollowTimeoutError`.
+            before :class:`tokshuf.FollowTimeoutError`; also how long to wait for a build that
+            has not written ``tokshuf.json`` yet to start.
         boundaries: ``"segment_ids"``, ``"position_ids"`` or ``"cu_seqlens"`` makes every batch
             a pair ``(batch, boundaries)``: where each document starts in each context,
             computed from the EOT ids (see :func:`tokshuf.document_boundaries`), for attention
@@ -139,6 +168,15 @@ class Reader:
         if follow and isinstance(cache, Blend):
             raise ConfigError("follow=True reads one cache while it is built, not a blend")
         if isinstance(cache, (Cache, Blend, UnpackedCache)):
+            # Following is decided when a cache is opened: an opened one keeps its own way, and
+            # options that say otherwise are refused rather than dropped.
+            opened_follow = cache._follow if isinstance(cache, Cache) else False
+            opened_timeout = cache._timeout if isinstance(cache, Cache) else None
+            if (follow and not opened_follow) or (timeout is not None and timeout != opened_timeout):
+                raise ConfigError(
+                    f"follow={follow!r}, timeout={timeout!r}: {cache!r} was opened with follow={opened_follow!r}, "
+                    f"timeout={opened_timeout!r}; give these to Cache(path, follow=..., timeout=...), or pass the Reader a path"
+                )
             self._source = cache
         elif is_unpacked(cache):
             if follow:
@@ -170,6 +208,8 @@ class Reader:
         if ideal_readers is None:
             ideal_readers = self._source.ideal_readers
         self._ideal_readers = _int("ideal_readers", ideal_readers, 1)
+        if isinstance(self._source, Cache) and not self._single_pass:
+            _warn_if_shards_thrash(self._source, self._ideal_readers, self._world_size)
         self._core = self._make_core()
         self._next = 0
         self._pf: Any = None

@@ -30,7 +30,8 @@ use tokshuf_core::tokenize::Backend;
 pub use errors::to_pyerr;
 
 /// Run `work` on its own thread with the GIL released; poll for Ctrl-C, and on it ask the
-/// work to stop (it checks `cancel`) and wait for it to wind down.
+/// work to stop (it checks `cancel`; object-store requests in flight give up) and wait for it
+/// to wind down.
 fn run_detached<T: Send + 'static>(
     py: Python<'_>,
     work: impl FnOnce(Arc<AtomicBool>) -> tokshuf_core::Result<T> + Send + 'static,
@@ -53,6 +54,7 @@ fn run_detached<T: Send + 'static>(
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
                 if let Err(interrupt) = py.check_signals() {
                     cancel.store(true, Ordering::Relaxed);
+                    tokshuf_core::storage::client::interrupt();
                     let _ = py.detach(|| handle.join());
                     return Err(interrupt);
                 }

@@ -450,8 +450,9 @@ impl PyPrefetcher {
             p = back;
             match r {
                 Ok(Next::Timeout) => {
-                    // On Ctrl-C the prefetcher is dropped; the Reader starts a new one next time.
-                    py.check_signals()?;
+                    // On Ctrl-C the prefetcher is dropped (its downloads in flight give up);
+                    // the Reader starts a new one next time.
+                    py.check_signals().inspect_err(|_| tokshuf_core::storage::client::interrupt())?;
                 }
                 Ok(Next::Batch(first, got)) => {
                     *self.inner.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);

@@ -16,14 +16,20 @@ use crate::error::{Error, Result, SkipReason};
 
 /// Open an input file, choosing the decoder from its name. A decoding failure names the
 /// compressed byte offset the decoder had reached (within one read buffer of the damage).
-pub fn open(path: &Path) -> Result<Box<dyn BufRead + Send>> {
+/// `listed`: the size the build listed it with; a file of another size when opened or read to
+/// its end changed since, and reading it fails (`changed`) rather than build from other data
+/// than the recipe records.
+pub fn open(path: &Path, listed: Option<u64>) -> Result<Box<dyn BufRead + Send>> {
     if let Some(url) = path.to_str().filter(|s| crate::storage::Location::is_url(s)) {
-        return crate::storage::open_input(url);
+        return crate::storage::open_input(url, listed);
     }
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
     let md = file.metadata().map_err(|e| Error::io(path, e))?;
     if md.is_dir() {
         return Err(Error::io(path, std::io::Error::other("is a directory")));
+    }
+    if let Some(n) = listed.filter(|&n| n != md.len()) {
+        return Err(changed(&path.to_string_lossy(), n, md.len()));
     }
     // An empty file holds no lines whatever its name says (Python's gzip module agrees); only
     // a non-empty file must be a valid stream.
@@ -31,8 +37,18 @@ pub fn open(path: &Path) -> Result<Box<dyn BufRead + Send>> {
         return Ok(Box::new(BufReader::new(std::io::empty())));
     }
     let pos = Arc::new(AtomicU64::new(0));
-    let counted = Counting { inner: file, pos: pos.clone() };
+    let counted = Counting { inner: file, pos: pos.clone(), listed: listed.map(|n| (n, path.to_string_lossy().into_owned())) };
     decode(&path.to_string_lossy(), Box::new(counted), Some((pos, md.len())))
+}
+
+/// The error of an input whose size is no longer the one the build listed it with.
+pub fn changed(name: &str, listed: u64, now: u64) -> Error {
+    Error::io(
+        name,
+        std::io::Error::other(format!(
+            "changed while the build ran: listed with {listed} bytes, {now} now (start the build again once the inputs stay put)"
+        )),
+    )
 }
 
 /// `raw` decoded as its name asks: `.gz` (every member, zero padding between and after them
@@ -132,12 +148,20 @@ impl<R: BufRead> Read for NotCompressed<R> {
 struct Counting<R> {
     inner: R,
     pos: Arc<AtomicU64>,
+    /// The size the build listed the file with, and its name: its end must come there.
+    listed: Option<(u64, String)>,
 }
 
 impl<R: Read> Read for Counting<R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let n = self.inner.read(buf)?;
-        self.pos.fetch_add(n as u64, Ordering::Relaxed);
+        let pos = self.pos.fetch_add(n as u64, Ordering::Relaxed) + n as u64;
+        if let Some((listed, name)) = &self.listed {
+            if (n == 0 && !buf.is_empty() && pos != *listed) || pos > *listed {
+                // Carried as the crate's error, which readers of the stream pass on as it is.
+                return Err(std::io::Error::other(changed(name, *listed, pos)));
+            }
+        }
         Ok(n)
     }
 }
@@ -152,6 +176,9 @@ struct ErrorAt<R> {
 impl<R: Read> Read for ErrorAt<R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         self.inner.read(buf).map_err(|e| {
+            if e.get_ref().is_some_and(|inner| inner.is::<Error>()) {
+                return e; // not the decoder's: the crate's own error, passed on as it is
+            }
             let at = self.pos.load(Ordering::Relaxed);
             std::io::Error::new(e.kind(), format!("{e} (decoder had read {at} of {} compressed bytes)", self.size))
         })
@@ -501,14 +528,41 @@ mod tests {
             let p = dir.path().join(name);
             std::fs::write(&p, b"").unwrap();
             let mut out = Vec::new();
-            open(&p).unwrap().read_to_end(&mut out).unwrap();
+            open(&p, None).unwrap().read_to_end(&mut out).unwrap();
             assert!(out.is_empty());
         }
         let payload: Vec<u8> = (0..2000).flat_map(|i| format!("{{\"text\": \"doc {i}\"}}\n").into_bytes()).collect();
         let z = zstd::encode_all(&payload[..], 3).unwrap();
         let p = dir.path().join("t.jsonl.zst");
         std::fs::write(&p, &z[..z.len() - 3]).unwrap();
-        let err = open(&p).unwrap().read_to_end(&mut Vec::new()).unwrap_err();
+        let err = open(&p, None).unwrap().read_to_end(&mut Vec::new()).unwrap_err();
         assert!(err.to_string().contains(&format!("of {} compressed bytes", z.len() - 3)), "{err}");
+    }
+
+    #[test]
+    fn a_file_of_another_size_than_listed_is_refused_when_opened_or_read_to_its_end() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let payload: Vec<u8> = (0..5000).flat_map(|i| format!("{{\"text\": \"doc {i}\"}}\n").into_bytes()).collect();
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(&payload).unwrap();
+        let gz = gz.finish().unwrap();
+        for (name, data) in [("a.jsonl", payload.clone()), ("a.jsonl.gz", gz), ("a.jsonl.zst", zstd::encode_all(&payload[..], 3).unwrap())]
+        {
+            let p = dir.path().join(name);
+            std::fs::write(&p, &data).unwrap();
+            let n = data.len() as u64;
+            let mut out = Vec::new();
+            open(&p, Some(n)).unwrap().read_to_end(&mut out).unwrap();
+            assert_eq!(out, payload, "{name}: the listed size reads as ever");
+            let err = open(&p, Some(n + 1)).err().expect("another size at open");
+            assert!(err.to_string().contains(&format!("listed with {} bytes, {n} now", n + 1)), "{err}");
+            // Grown after it was opened (an append: the same stream, then more).
+            let mut r = open(&p, Some(n)).unwrap();
+            std::fs::OpenOptions::new().append(true).open(&p).unwrap().write_all(&data).unwrap();
+            let err = r.read_to_end(&mut Vec::new()).unwrap_err();
+            let inner = crate::storage::unwrap_io(&crate::storage::Location::Local(p.clone()), err);
+            assert!(matches!(&inner, Error::Io { .. }) && inner.to_string().contains("changed while the build ran"), "{name}: {inner}");
+        }
     }
 }

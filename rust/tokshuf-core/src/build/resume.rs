@@ -165,7 +165,55 @@ pub fn prepare(out: &Place, work: &Place, recipe: &Recipe, inputs: &[PathBuf], o
     // Temporary files of the killed run: every writer has its own name, so none is reused.
     remove_tmp(out, &entries)?;
     remove_unused_work(out, work, &entries)?;
+    check_spills(work)?;
     Ok(Start::Resume)
+}
+
+/// Stage 1 files of a killed run whose spill (or positions file) no longer has the checksum it
+/// was written with lose their summary, so this run tokenizes them again: what stage 2 copies
+/// into shards, and hashes, must be what stage 1 wrote. Spills in an object store are not
+/// read back here (the store checks what it was sent). Returns the files redone.
+pub fn check_spills(work: &Place) -> Result<Vec<usize>> {
+    let Some(dir) = work.dir() else { return Ok(Vec::new()) };
+    let mut redo = Vec::new();
+    for name in work.names()? {
+        let Some(file) = name.strip_prefix('f').and_then(|n| n.strip_suffix(".json")).and_then(|n| n.parse::<usize>().ok()) else {
+            continue;
+        };
+        let path = dir.join(&name);
+        let intact = match work.read_json::<format::FileSummary>(&name) {
+            Ok(Some(s)) => match s.spill_crc32 {
+                Some(crc) => {
+                    let pos = (0..s.pos_crc32.len()).map(|k| stage1::pos_path(dir, file, k));
+                    crc32_of(&stage1::spill_path(dir, file)) == Some(crc) && pos.zip(&s.pos_crc32).all(|(p, &c)| crc32_of(&p) == Some(c))
+                }
+                None => true, // written before spills had checksums
+            },
+            Ok(None) | Err(_) => false,
+        };
+        if !intact {
+            // The summary first: without it the file is not done, whatever else is left.
+            std::fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
+            redo.push(file);
+        }
+    }
+    Ok(redo)
+}
+
+/// CRC-32 of a file's bytes, or None when it cannot be read.
+fn crc32_of(path: &Path) -> Option<u32> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).ok()?;
+    let mut h = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        match f.read(&mut buf) {
+            Ok(0) => return Some(h.finalize()),
+            Ok(n) => h.update(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
 }
 
 /// A work folder inside the output that this run does not use: a killed run's that had none
@@ -326,6 +374,31 @@ mod tests {
         let lines = manifest_prefix(dir.path());
         assert_eq!(lines.iter().map(|l| l.shard.as_str()).collect::<Vec<_>>(), ["shard_00000000", "shard_00000001"]);
         assert!(manifest_prefix(&dir.path().join("missing")).is_empty());
+    }
+
+    #[test]
+    fn spills_that_lost_their_checksum_are_redone() {
+        let dir = tempfile::tempdir().unwrap();
+        let work = Place::Dir(dir.path().to_path_buf());
+        let (spill, pos) = (b"0123456789abcdef".to_vec(), b"positions of bin 0".to_vec());
+        for file in 0..4 {
+            std::fs::write(stage1::spill_path(dir.path(), file), &spill).unwrap();
+            std::fs::write(stage1::pos_path(dir.path(), file, 0), &pos).unwrap();
+            let summary = format::FileSummary {
+                spill_crc32: (file != 3).then(|| crc32fast::hash(&spill)),
+                pos_crc32: if file == 3 { vec![] } else { vec![crc32fast::hash(&pos)] },
+                ..Default::default()
+            };
+            std::fs::write(stage1::summary_path(dir.path(), file), format::to_json_bytes(&summary)).unwrap();
+        }
+        std::fs::write(stage1::spill_path(dir.path(), 1), b"0123456789abcdeF").unwrap();
+        std::fs::write(stage1::pos_path(dir.path(), 2, 0), b"positions of bin 1").unwrap();
+        std::fs::write(stage1::spill_path(dir.path(), 3), b"no checksum: trusted").unwrap();
+        std::fs::write(dir.path().join(WORK_STATE), b"{}").unwrap();
+        assert_eq!(check_spills(&work).unwrap(), vec![1, 2]);
+        let done: Vec<bool> = (0..4).map(|f| stage1::summary_path(dir.path(), f).exists()).collect();
+        assert_eq!(done, [true, false, false, true]);
+        assert_eq!(check_spills(&work).unwrap(), Vec::<usize>::new(), "a second look finds nothing more");
     }
 
     #[test]

@@ -65,15 +65,15 @@ pub fn run(
 fn read_shard(cfg: &Stage1Config, path: &Path, file: usize, work: &Path, halted: &dyn Fn() -> bool) -> Result<FileSummary> {
     let mut w = FileWriter::create(cfg, work, file, 1 << 20)?;
     let tmp = w.tmp.clone();
-    let result = copy_members(cfg, path, &mut w, halted).and_then(|_| w.finish(cfg, Tail::Drop, work, file));
+    let result = copy_members(cfg, path, file, &mut w, halted).and_then(|_| w.finish(cfg, Tail::Drop, work, file));
     if result.is_err() {
         let _ = std::fs::remove_file(tmp);
     }
     Ok(result?.0)
 }
 
-fn copy_members(cfg: &Stage1Config, path: &Path, w: &mut FileWriter, halted: &dyn Fn() -> bool) -> Result<()> {
-    let stream = input::open(path)?;
+fn copy_members(cfg: &Stage1Config, path: &Path, file: usize, w: &mut FileWriter, halted: &dyn Fn() -> bool) -> Result<()> {
+    let stream = input::open(path, cfg.input_bytes.get(file).copied())?;
     let mut archive = tar::Archive::new(stream);
     let entries = archive.entries().map_err(|e| io_error(path, e, |e| Error::corrupt(path, format!("not a readable tar file: {e}"))))?;
     // A member far larger than a context's encoding is not one: refuse it before reading it.

@@ -48,6 +48,8 @@ pub struct Stage1Config {
     pub vocab_size: u32,
     /// The inputs as the recipe records them: how tokshuf.json names a skipped line's file.
     pub input_names: Vec<String>,
+    /// Their sizes as the recipe records them: a file read to another size changed since.
+    pub input_bytes: Vec<u64>,
     /// The longest line a build may hold (`max_line`), in bytes.
     pub max_line: usize,
 }
@@ -201,7 +203,7 @@ pub fn run(
                 loop {
                     while open.len() < window {
                         let Some((file, path)) = queue.next() else { break };
-                        match input::open(path) {
+                        match input::open(path, cfg.input_bytes.get(*file).copied()) {
                             Ok(r) => open.push_back((*file, LineBatcher::new(r, cfg.max_line))),
                             Err(error) => {
                                 emit(Job::OpenError { error });
@@ -427,6 +429,9 @@ pub(super) struct FileWriter {
     /// Unpacked builds: each bin's positions file (`pos_path`), and the spill's length so far.
     bins: Vec<(BufWriter<File>, PathBuf)>,
     spill_len: u64,
+    /// CRC-32 of the spill's bytes, and of each positions file's, so far.
+    crc: crc32fast::Hasher,
+    pos_crc: Vec<crc32fast::Hasher>,
 }
 
 impl FileWriter {
@@ -457,6 +462,8 @@ impl FileWriter {
             concat_pos: 0,
             bins,
             spill_len: 0,
+            crc: crc32fast::Hasher::new(),
+            pos_crc: vec![crc32fast::Hasher::new(); nbins],
         })
     }
 
@@ -567,6 +574,8 @@ impl FileWriter {
         entry[..8].copy_from_slice(&self.spill_len.to_le_bytes());
         entry[8..].copy_from_slice(&(ids.len() as u64).to_le_bytes());
         pos.write_all(&entry).map_err(|e| Error::io(&*tmp, e))?;
+        self.crc.update(&self.bytes);
+        self.pos_crc[k].update(&entry);
         self.spill_len += self.bytes.len() as u64;
         self.summary.num_contexts += 1;
         self.summary.bin_examples[k] += 1;
@@ -577,6 +586,7 @@ impl FileWriter {
     pub(super) fn write_context(&mut self, cfg: &Stage1Config, ids: &[u32]) -> Result<()> {
         encode_ids(cfg.dtype, ids, &mut self.bytes);
         crate::testhook::charge(self.bytes.len()).and_then(|_| self.out.write_all(&self.bytes)).map_err(|e| Error::io(&self.tmp, e))?;
+        self.crc.update(&self.bytes);
         self.summary.num_contexts += 1;
         Ok(())
     }
@@ -616,6 +626,8 @@ impl FileWriter {
         let path = spill_path(work, file);
         std::fs::rename(&self.tmp, &path).map_err(|e| Error::io(&path, e))?;
         crate::testhook::point("stage1.spill");
+        self.summary.spill_crc32 = Some(self.crc.clone().finalize());
+        self.summary.pos_crc32 = self.pos_crc.iter().map(|h| h.clone().finalize()).collect();
         format::write_atomic(&summary_path(work, file), &format::to_json_bytes(&self.summary))?;
         crate::testhook::point("stage1.file");
         Ok((self.summary, spill_bytes))
@@ -676,6 +688,7 @@ mod tests {
             bins: None,
             vocab_size: 256,
             input_names: vec!["in.jsonl".into()],
+            input_bytes: vec![],
             max_line: 1 << 20,
         }
     }

@@ -105,6 +105,7 @@ pub fn stage1_config(recipe: &Recipe, tok: &Tokenizer, memory_limit: u64) -> Arc
         bins: recipe.bins.clone(),
         vocab_size: recipe.tokenizer.vocab_size,
         input_names: recipe.inputs.iter().map(|f| f.path.clone()).collect(),
+        input_bytes: recipe.inputs.iter().map(|f| f.bytes).collect(),
         max_line: stage1::max_line(memory_limit),
     })
 }

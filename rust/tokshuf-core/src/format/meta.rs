@@ -252,6 +252,12 @@ pub struct FileSummary {
     pub bin_examples: Vec<u64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bin_tokens: Vec<u64>,
+    /// CRC-32 of the spill as written, and of each bin's positions file (unpacked builds): a
+    /// resumed build checks the spills a killed run left (`resume::check_spills`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spill_crc32: Option<u32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pos_crc32: Vec<u32>,
 }
 
 /// How far a build is. It only ever moves forward: building (shuffled) or streaming

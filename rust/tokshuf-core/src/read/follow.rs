@@ -141,11 +141,14 @@ fn plan_sizes(path: &Path, meta: &CacheMeta) -> Result<Vec<u64>> {
 }
 
 /// Wait for `attempt` to give a value: see the module notes. `what` names it in errors.
+/// `starting`: nothing of the build exists yet, so a build not running may be one about to
+/// start (a trainer and its build launched together): with a timeout, it is waited for.
 fn wait_for<T>(
     watch: &dyn Watch,
     timeout: Option<Duration>,
     cancel: &AtomicBool,
     what: &dyn Fn() -> String,
+    starting: bool,
     attempt: &mut dyn FnMut() -> Result<Option<T>>,
 ) -> Result<T> {
     let t0 = Instant::now();
@@ -157,10 +160,17 @@ fn wait_for<T>(
         if cancel.load(Ordering::Relaxed) {
             return Err(Error::Interrupted);
         }
-        if watch.state() == BuildState::NotRunning {
+        if watch.state() == BuildState::NotRunning && !(starting && timeout.is_some()) {
             // The build may have finished between our look and the lock test: look again.
             if let Some(v) = attempt()? {
                 return Ok(v);
+            }
+            if starting {
+                return Err(Error::BuildNotRunning(format!(
+                    "{}: no build has written {} there yet, and none is running; start the build first, or pass a timeout to wait for it to start",
+                    watch.name(),
+                    what()
+                )));
             }
             return Err(Error::BuildNotRunning(format!(
                 "{}: waiting for {}, but the build is not running and the cache is not complete; resume it by running the same build command again",
@@ -190,7 +200,7 @@ impl Follow {
         what: &dyn Fn() -> String,
         attempt: &mut dyn FnMut(&Follow) -> Result<Option<T>>,
     ) -> Result<T> {
-        wait_for(&*self.watch, self.timeout, cancel, what, &mut || attempt(self))
+        wait_for(&*self.watch, self.timeout, cancel, what, false, &mut || attempt(self))
     }
 
     fn lock_known(&self) -> std::sync::MutexGuard<'_, Known> {
@@ -225,7 +235,10 @@ impl Follow {
         let meta_path = root.join(META_NAME);
         let meta = cache::read_meta(root, false)?;
         if ident(&meta) != self.ident {
-            return Err(Error::corrupt(&meta_path, "changed while following the build (another build into the same folder?)"));
+            return Err(Error::corrupt(
+                &meta_path,
+                "changed while following the build (another build into the same folder, or overwrite=True?)",
+            ));
         }
         let planned = meta.status.planned();
         let mut plan = None;
@@ -273,6 +286,25 @@ impl Follow {
         Ok(())
     }
 
+    /// The folder still holds the build this follows (tokshuf.json there, with the same recipe
+    /// and layout). A build with the same recipe writes the same bytes, so it may take over.
+    fn check_same_build(&self) -> Result<()> {
+        self.watch.sync()?;
+        let root = self.watch.root();
+        let meta_path = root.join(META_NAME);
+        let replaced = |why: &str| {
+            Error::corrupt(&meta_path, format!("{why} while following the build (another build into the same folder, or overwrite=True?)"))
+        };
+        if !meta_path.exists() {
+            return Err(replaced("was removed"));
+        }
+        let meta = cache::read_meta(root, false)?;
+        if ident(&meta) != self.ident {
+            return Err(replaced("changed"));
+        }
+        Ok(())
+    }
+
     /// The final chunk sizes, waiting for the plan.
     pub fn wait_plan(&self, cancel: &AtomicBool) -> Result<Vec<u64>> {
         self.wait(cancel, &|| "the chunk plan (status \"writing\")".into(), &mut |f| {
@@ -316,6 +348,10 @@ impl Growing for Follow {
             if !f.watch.shard_ready(cache, c, &entry)? {
                 return Ok(None);
             }
+            // A shard is renamed into place after the tokshuf.json of its build: looking at
+            // tokshuf.json now tells whether the shard is of the build this follows, or of
+            // another run into the folder (overwrite=True with other options).
+            f.check_same_build()?;
             f.set_ready(c);
             Ok(Some(()))
         })
@@ -364,7 +400,7 @@ pub enum Opened {
 pub fn open_watched(watch: Arc<dyn Watch>, timeout: Option<Duration>, cancel: &AtomicBool) -> Result<Opened> {
     let root = watch.root().to_path_buf();
     let meta_path = root.join(META_NAME);
-    let meta = wait_for(&*watch, timeout, cancel, &|| META_NAME.to_string(), &mut || {
+    let meta = wait_for(&*watch, timeout, cancel, &|| META_NAME.to_string(), true, &mut || {
         watch.sync()?;
         if !meta_path.exists() {
             return Ok(None);

@@ -197,7 +197,8 @@ pub fn open_remote_follow(
     }
 }
 
-/// tokshuf.json of the build at `root`, waiting for it to appear.
+/// tokshuf.json of the build at `root`, waiting for it to appear. A build not running may be
+/// about to start: with a timeout, it is waited for (as `follow::open_watched` does).
 fn wait_for_meta(root: &Location, timeout: Option<Duration>, cancel: &AtomicBool) -> Result<Vec<u8>> {
     let t0 = Instant::now();
     loop {
@@ -207,9 +208,9 @@ fn wait_for_meta(root: &Location, timeout: Option<Duration>, cancel: &AtomicBool
         if cancel.load(std::sync::atomic::Ordering::Relaxed) {
             return Err(Error::Interrupted);
         }
-        if lease::state(&root.join(LOCK_NAME)) == BuildState::NotRunning {
+        if timeout.is_none() && lease::state(&root.join(LOCK_NAME)) == BuildState::NotRunning {
             return Err(Error::BuildNotRunning(format!(
-                "{root}: waiting for {META_NAME}, but the build is not running; resume it by running the same build command again"
+                "{root}: no build has written {META_NAME} there yet, and none is running; start the build first, or pass a timeout to wait for it to start"
             )));
         }
         if timeout.is_some_and(|t| t0.elapsed() >= t) {

@@ -5,8 +5,12 @@
 //! DataLoader worker) builds its own runtime instead of using one whose threads it lacks.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use futures_util::future::{select, Either};
 
 use object_store::aws::AmazonS3Builder;
 use object_store::azure::MicrosoftAzureBuilder;
@@ -93,6 +97,57 @@ fn state() -> Result<&'static State> {
             .map_err(|e| e.to_string())
     });
     made.as_ref().map_err(|e| Error::Config(format!("cannot start the object-store runtime: {e}")))
+}
+
+/// Counts the user's interrupts (Ctrl-C, which the bindings see): a request in flight when it
+/// changes gives up with `Error::Interrupted`, so a connection that hangs does not hold an
+/// interrupt for minutes of timeouts and retries. Requests begun after it run as usual.
+static INTERRUPTS: AtomicU64 = AtomicU64::new(0);
+
+/// The user interrupted: requests in flight give up.
+pub fn interrupt() {
+    INTERRUPTS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Now, as `block_on_since` and `sleep_since` count interrupts.
+pub fn epoch() -> u64 {
+    INTERRUPTS.load(Ordering::Relaxed)
+}
+
+/// `fut` on the process's runtime, given up if the user interrupts meanwhile.
+pub fn block_on<T>(fut: impl Future<Output = T>) -> Result<T> {
+    block_on_since(epoch(), fut)
+}
+
+/// `block_on` for work begun at `since` (a read of many requests keeps its first epoch).
+pub fn block_on_since<T>(since: u64, fut: impl Future<Output = T>) -> Result<T> {
+    let rt = runtime()?;
+    rt.block_on(async move {
+        let watch = async move {
+            while epoch() == since {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        match select(std::pin::pin!(fut), std::pin::pin!(watch)).await {
+            Either::Left((v, _)) => Ok(v),
+            Either::Right(_) => Err(Error::Interrupted),
+        }
+    })
+}
+
+/// Sleep `d` (a backoff between retries), waking to give up if the user interrupts.
+pub fn sleep_since(since: u64, d: Duration) -> Result<()> {
+    let end = Instant::now() + d;
+    loop {
+        if epoch() != since {
+            return Err(Error::Interrupted);
+        }
+        let left = end.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(());
+        }
+        std::thread::sleep(left.min(Duration::from_millis(50)));
+    }
 }
 
 /// The process's runtime (started on first use).

@@ -32,7 +32,7 @@ pub use location::{glob_match, has_glob, Location, RemoteUrl, Scheme};
 pub use read::RemoteReader;
 
 use crate::error::{Error, Result};
-use client::{client, runtime, Client, Settings};
+use client::{client, Client, Settings};
 
 /// One listed object or file: where it is and its size in bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -132,8 +132,7 @@ pub fn redact(msg: &str) -> String {
 
 fn run<T>(url: &RemoteUrl, what: &str, op: impl AsyncOp<T>) -> Result<T> {
     let c = client(url)?;
-    let rt = runtime()?;
-    rt.block_on(retrying(c.settings.clone(), url.to_string(), what.to_string(), move || op.call(c.store.clone())))
+    client::block_on(retrying(c.settings.clone(), url.to_string(), what.to_string(), move || op.call(c.store.clone())))?
 }
 
 /// A request that can be issued again (a closure over cloned arguments).
@@ -155,12 +154,11 @@ where
 
 /// Size of the object at `path`, or `None` when there is none.
 fn head_remote(c: &Client, path: &ObjPath, url: &str) -> Result<Option<u64>> {
-    let rt = runtime()?;
     let (store, p) = (c.store.clone(), path.clone());
-    let got = rt.block_on(retrying(c.settings.clone(), url.to_string(), "head".into(), move || {
+    let got = client::block_on(retrying(c.settings.clone(), url.to_string(), "head".into(), move || {
         let (store, p) = (store.clone(), p.clone());
         async move { store.head(&p).await }
-    }));
+    }))?;
     match got {
         Ok(meta) => Ok(Some(meta.size)),
         Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => Ok(None),
@@ -203,11 +201,10 @@ fn list_remote(u: &RemoteUrl) -> Result<Vec<Entry>> {
     };
     let prefix_url = RemoteUrl { key: base.clone(), ..u.clone() };
     let c = client(u)?;
-    let rt = runtime()?;
     let prefix = if base.is_empty() { None } else { Some(obj_path(&prefix_url)?) };
     let mut out: Vec<Entry> = Vec::new();
     // A listing cut short resumes after the last key it got.
-    let mut tries = 0;
+    let (mut tries, since) = (0, client::epoch());
     loop {
         let after = out.last().and_then(|e| match &e.location {
             Location::Remote(r) => Some(ObjPath::from(r.key.as_str())),
@@ -217,19 +214,19 @@ fn list_remote(u: &RemoteUrl) -> Result<Vec<Entry>> {
             Some(a) => c.store.list_with_offset(prefix.as_ref(), a),
             None => c.store.list(prefix.as_ref()),
         };
-        let got: object_store::Result<()> = rt.block_on(async {
+        let got: object_store::Result<()> = client::block_on_since(since, async {
             while let Some(item) = stream.next().await {
                 let meta = item?;
                 let key = meta.location.as_ref().to_string();
                 out.push(Entry { location: Location::Remote(RemoteUrl { key, ..u.clone() }), size: meta.size });
             }
             Ok(())
-        });
+        })?;
         match got {
             Ok(()) => break,
             Err(e) if is_transient(&e) && tries < c.settings.retries => {
                 tries += 1;
-                std::thread::sleep(c.settings.delay(tries));
+                client::sleep_since(since, c.settings.delay(tries))?;
             }
             Err(e) => return Err(map_err(&prefix_url.to_string(), e, tries)),
         }
@@ -409,12 +406,17 @@ pub fn delete(loc: &Location) -> Result<()> {
 /// An input file named by URL, decoded by its name and buffered, as `input::open` does for
 /// local files. A failure of the store reaches the line reader as an I/O error wrapping the
 /// tokshuf error (`unwrap_io` gets it back), so it is never taken for a corrupt stream.
-pub fn open_input(url: &str) -> Result<Box<dyn std::io::BufRead + Send>> {
+pub fn open_input(url: &str, listed: Option<u64>) -> Result<Box<dyn std::io::BufRead + Send>> {
     let loc = Location::parse(url)?;
     let Location::Remote(u) = &loc else {
         return Err(Error::Config(format!("{url}: not an object-store URL")));
     };
     let reader = RemoteReader::open(client(u)?, obj_path(u)?, u.to_string(), None)?;
+    // The first request pinned the object's version (its ETag), so its size now is the size
+    // of every byte that will be read.
+    if let Some(n) = listed.filter(|&n| n != reader.size()) {
+        return Err(crate::build::input::changed(url, n, reader.size()));
+    }
     // An empty object holds no lines whatever its name says (as for local files).
     if reader.is_empty() {
         return Ok(Box::new(std::io::BufReader::new(std::io::empty())));

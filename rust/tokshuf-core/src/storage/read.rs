@@ -28,6 +28,8 @@ pub struct RemoteReader {
     /// Failures since bytes last arrived.
     failures: usize,
     last_failure: String,
+    /// Interrupts counted when the read began (`client::epoch`): one since gives up.
+    since: u64,
 }
 
 impl RemoteReader {
@@ -45,11 +47,17 @@ impl RemoteReader {
             buf: Bytes::new(),
             failures: 0,
             last_failure: String::new(),
+            since: super::client::epoch(),
         };
         if r.pos < r.end {
             r.request()?;
         }
         Ok(r)
+    }
+
+    /// Where the range ends: for a whole object, once opened, its size.
+    pub fn size(&self) -> u64 {
+        self.end
     }
 
     /// True when the range holds no bytes (an empty object).
@@ -59,7 +67,6 @@ impl RemoteReader {
 
     /// (Re)issue the GET for `pos..end`, retrying transient failures.
     fn request(&mut self) -> Result<()> {
-        let rt = super::client::runtime()?;
         loop {
             // The first request of a whole object asks for no range: a range on an empty
             // object is unsatisfiable.
@@ -71,7 +78,7 @@ impl RemoteReader {
             let opts = GetOptions { range, if_match: self.etag.clone(), ..Default::default() };
             let store = self.client.store.clone();
             let path = self.path.clone();
-            match rt.block_on(async move { store.get_opts(&path, opts).await }) {
+            match super::client::block_on_since(self.since, async move { store.get_opts(&path, opts).await })? {
                 Ok(got) => {
                     // An object shorter than the range asked for: the store sends what there
                     // is, and the caller sees a short read rather than a retried truncation.
@@ -111,18 +118,16 @@ impl RemoteReader {
                 reason: format!("gave up at byte {} of {} after {} tries: {}", self.pos, self.end, self.failures, self.last_failure),
             });
         }
-        std::thread::sleep(self.client.settings.delay(self.failures));
-        Ok(())
+        super::client::sleep_since(self.since, self.client.settings.delay(self.failures))
     }
 
     fn fill(&mut self) -> Result<()> {
-        let rt = super::client::runtime()?;
         while self.buf.is_empty() && self.pos < self.end {
             if self.stream.is_none() {
                 self.request()?;
             }
             let Some(stream) = self.stream.as_mut() else { continue };
-            match rt.block_on(stream.next()) {
+            match super::client::block_on_since(self.since, stream.next())? {
                 Some(Ok(b)) if b.is_empty() => {}
                 Some(Ok(mut b)) => {
                     let room = self.end - self.pos;

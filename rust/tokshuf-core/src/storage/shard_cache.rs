@@ -53,10 +53,13 @@ struct Shared {
 
 #[derive(Default)]
 struct State {
-    /// Shards on disk and verified: size and last use.
-    local: HashMap<String, (u64, u64)>,
+    /// Shards on disk: size, last use, and whether this process has checked them against the
+    /// manifest (a file an earlier run left is hashed once before it is first used).
+    local: HashMap<String, (u64, u64, bool)>,
     downloading: HashMap<String, u64>,
-    failed: HashMap<String, String>,
+    /// Why a background download failed, for the `get` that wants the shard (the error itself:
+    /// its kind decides the Python exception).
+    failed: HashMap<String, Error>,
     /// What `prefetch` asked for, in the order it will be needed.
     queue: VecDeque<Want>,
     /// The next shards wanted, by position (the last `prefetch`, which the reader renews with
@@ -105,14 +108,26 @@ impl ShardCache {
         loop {
             st.tick += 1;
             let tick = st.tick;
-            if st.local.contains_key(&want.name) {
+            if let Some(&(_, _, checked)) = st.local.get(&want.name) {
                 // Another process sharing the folder may have evicted it, or an old run left a
                 // file of another size: use it only if it is there, whole.
                 let path = inner.dir.join(&want.name);
                 match std::fs::metadata(&path) {
-                    Ok(md) if md.len() == want.size => {
-                        st.local.insert(want.name.clone(), (want.size, tick));
+                    Ok(md) if md.len() == want.size && (checked || want.sha256.is_none()) => {
+                        st.local.insert(want.name.clone(), (want.size, tick, true));
                         return Ok(path);
+                    }
+                    Ok(md) if md.len() == want.size => {
+                        // Left by an earlier run: the manifest's sha256 first, as for a download.
+                        drop(st);
+                        let intact = sha256_of(&path).is_some_and(|h| want.sha256.as_ref().is_some_and(|w| h.eq_ignore_ascii_case(w)));
+                        st = lock(&sh.state);
+                        if intact {
+                            st.local.insert(want.name.clone(), (want.size, tick, true));
+                            return Ok(path);
+                        }
+                        let _ = std::fs::remove_file(&path);
+                        st.local.remove(&want.name);
                     }
                     Ok(_) => {
                         let _ = std::fs::remove_file(&path);
@@ -123,8 +138,8 @@ impl ShardCache {
                     }
                 }
             }
-            if let Some(why) = st.failed.remove(&want.name) {
-                return Err(Error::Remote { url: inner.root.join(&want.name).to_string(), reason: why });
+            if let Some(e) = st.failed.remove(&want.name) {
+                return Err(e);
             }
             if !st.downloading.contains_key(&want.name) {
                 break;
@@ -142,7 +157,7 @@ impl ShardCache {
         st.tick += 1;
         let tick = st.tick;
         if got.is_ok() {
-            st.local.insert(want.name.clone(), (want.size, tick));
+            st.local.insert(want.name.clone(), (want.size, tick, true));
         }
         sh.changed.notify_all();
         got.map(|()| inner.dir.join(&want.name))
@@ -203,7 +218,7 @@ impl Inner {
                 }
                 continue;
             }
-            st.local.insert(name, (md.len(), 0));
+            st.local.insert(name, (md.len(), 0, false));
         }
     }
 
@@ -258,10 +273,12 @@ impl Inner {
             let tick = st.tick;
             match got {
                 Ok(()) => {
-                    st.local.insert(w.name.clone(), (w.size, tick));
+                    st.local.insert(w.name.clone(), (w.size, tick, true));
                 }
+                // Interrupted: nobody needs it now; a later `get` fetches it again.
+                Err(Error::Interrupted) => {}
                 Err(e) => {
-                    st.failed.insert(w.name.clone(), e.to_string());
+                    st.failed.insert(w.name.clone(), e);
                 }
             }
             sh.changed.notify_all();
@@ -278,7 +295,13 @@ impl Inner {
         let k = DOWNLOADS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let tmp = self.dir.join(format!("{}.part.{k}.{}", want.name, std::process::id()));
         let result = (|| {
-            let mut r = super::open(&src)?;
+            let mut r = super::open(&src).map_err(|e| match e {
+                // The manifest lists it: a shard missing from the store is a damaged cache.
+                Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+                    Error::corrupt(PathBuf::from(src.to_string()), "no such object, though the manifest lists it")
+                }
+                e => e,
+            })?;
             let file = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
             let mut w = BufWriter::with_capacity(1 << 20, file);
             let mut hash = Sha256::new();
@@ -315,6 +338,14 @@ impl Inner {
         }
         result
     }
+}
+
+/// Hex sha256 of a file's bytes, or None when it cannot be read.
+fn sha256_of(path: &Path) -> Option<String> {
+    let mut f = File::open(path).ok()?;
+    let mut hash = Sha256::new();
+    std::io::copy(&mut f, &mut hash).ok()?;
+    Some(format!("{:x}", hash.finalize()))
 }
 
 /// The folder under `cache_dir` for one remote cache: named by a hash of its URL and its
@@ -368,6 +399,44 @@ mod tests {
         let cache2 = ShardCache::new(Location::Local(t.path().join("remote")), t.path().join("local2"), 1 << 20, 1).unwrap();
         assert!(matches!(cache2.get(&bad), Err(Error::Corrupt { .. })));
         assert_eq!(std::fs::read_dir(t.path().join("local2")).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_later_run_checks_the_shards_it_finds_and_errors_keep_their_kind() {
+        let t = tempfile::tempdir().unwrap();
+        let (remote, local) = (t.path().join("remote"), t.path().join("local"));
+        let wants = numbered(&remote, 3, 1000);
+        let root = Location::Local(remote.clone());
+        let first = ShardCache::new(root.clone(), local.clone(), 1 << 20, 1).unwrap();
+        for w in &wants {
+            first.get(w).unwrap();
+        }
+        // A byte of a kept shard changes between runs: the next run hashes what it finds and
+        // fetches that shard again instead of serving it.
+        let kept = local.join(&wants[1].name);
+        let mut data = std::fs::read(&kept).unwrap();
+        data[500] ^= 1;
+        std::fs::write(&kept, &data).unwrap();
+        let later = ShardCache::new(root.clone(), local.clone(), 1 << 20, 1).unwrap();
+        for w in &wants {
+            let p = later.get(w).unwrap();
+            assert_eq!(std::fs::read(p).unwrap(), std::fs::read(remote.join(&w.name)).unwrap());
+        }
+        // A shard the manifest lists but the store lacks is a damaged cache, whether the
+        // reader's own thread or a prefetching one found out.
+        std::fs::remove_file(remote.join(&wants[2].name)).unwrap();
+        for prefetched in [false, true] {
+            let cache = ShardCache::new(root.clone(), t.path().join(format!("fresh{prefetched}")), 1 << 20, 1).unwrap();
+            if prefetched {
+                cache.prefetch(vec![wants[2].clone()]);
+                while cache.inner.shared().1.workers > 0 {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            }
+            let e = cache.get(&wants[2]).unwrap_err();
+            assert!(matches!(e, Error::Corrupt { .. }), "{e:?}");
+            assert_eq!(e.to_string().matches("shard_00000002.tar").count(), 1, "{e}");
+        }
     }
 
     #[test]

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use object_store::path::Path as ObjPath;
 use object_store::{ObjectStoreExt, PutPayload};
 
-use super::client::{runtime, Client};
+use super::client::{block_on, runtime, Client};
 use super::retrying;
 use crate::error::{Error, Result};
 
@@ -23,13 +23,12 @@ pub(super) fn put_bytes(client: &Client, data: Vec<u8>, path: ObjPath, url: &str
         std::fs::write(tmp.path(), &data).map_err(|e| Error::io(tmp.path(), e))?;
         return put_file(client, tmp.path(), path, url);
     }
-    let rt = runtime()?;
     let payload = PutPayload::from(Bytes::from(data));
     let store = client.store.clone();
-    rt.block_on(retrying(client.settings.clone(), url.to_string(), "upload".into(), move || {
+    block_on(retrying(client.settings.clone(), url.to_string(), "upload".into(), move || {
         let (store, p, payload) = (store.clone(), path.clone(), payload.clone());
         async move { store.put(&p, payload).await.map(|_| ()) }
-    }))
+    }))?
 }
 
 pub(super) fn put_file(client: &Client, local: &Path, path: ObjPath, url: &str) -> Result<()> {
@@ -41,27 +40,27 @@ pub(super) fn put_file(client: &Client, local: &Path, path: ObjPath, url: &str) 
         let data = read_exact(&mut file, local, size)?;
         let payload = PutPayload::from(data);
         let (store, p) = (client.store.clone(), path.clone());
-        rt.block_on(retrying(client.settings.clone(), url.to_string(), "upload".into(), move || {
+        block_on(retrying(client.settings.clone(), url.to_string(), "upload".into(), move || {
             let (store, p, payload) = (store.clone(), p.clone(), payload.clone());
             async move { store.put(&p, payload).await.map(|_| ()) }
-        }))?;
+        }))??;
         return Ok(());
     }
 
     let mp = client.multipart.clone();
     let (m, p) = (mp.clone(), path.clone());
-    let id = rt.block_on(retrying(client.settings.clone(), url.to_string(), "start a multipart upload".into(), move || {
+    let id = block_on(retrying(client.settings.clone(), url.to_string(), "start a multipart upload".into(), move || {
         let (m, p) = (m.clone(), p.clone());
         async move { m.create_multipart(&p).await }
-    }))?;
+    }))??;
 
     let parts = upload_parts(client, &mut file, local, size, &path, &id, url);
     let outcome = parts.and_then(|parts| {
         let (m, p, i) = (mp.clone(), path.clone(), id.clone());
-        rt.block_on(retrying(client.settings.clone(), url.to_string(), "complete a multipart upload".into(), move || {
+        block_on(retrying(client.settings.clone(), url.to_string(), "complete a multipart upload".into(), move || {
             let (m, p, i, parts) = (m.clone(), p.clone(), i.clone(), parts.clone());
             async move { m.complete_multipart(&p, &i, parts).await.map(|_| ()) }
-        }))
+        }))?
     });
     // A completion whose reply was lost is retried and then finds no such upload: the object
     // is there, whole, if it has the file's size.
@@ -76,6 +75,7 @@ pub(super) fn put_file(client: &Client, local: &Path, path: ObjPath, url: &str) 
         // Best effort: an upload left open is invisible, but it holds storage until the
         // bucket's lifecycle rules remove it.
         let (m, p, i) = (mp.clone(), path.clone(), id.clone());
+        // Not given up on an interrupt: it is what tidies up after one.
         let _ = rt.block_on(retrying(client.settings.clone(), url.to_string(), "abort a multipart upload".into(), move || {
             let (m, p, i) = (m.clone(), p.clone(), i.clone());
             async move { m.abort_multipart(&p, &i).await }
@@ -111,20 +111,20 @@ fn upload_parts(
             async move { m.put_part(&p, &i, idx as usize, payload).await }
         })));
         if running.len() >= client.settings.upload_parallelism {
-            done.push(join(rt, running.pop_front(), url)?);
+            done.push(join(running.pop_front(), url)?);
         }
     }
     while !running.is_empty() {
-        done.push(join(rt, running.pop_front(), url)?);
+        done.push(join(running.pop_front(), url)?);
     }
     Ok(done)
 }
 
-fn join<T>(rt: &tokio::runtime::Runtime, handle: Option<tokio::task::JoinHandle<Result<T>>>, url: &str) -> Result<T> {
+fn join<T>(handle: Option<tokio::task::JoinHandle<Result<T>>>, url: &str) -> Result<T> {
     let Some(handle) = handle else {
         return Err(Error::Remote { url: url.to_string(), reason: "internal: no upload running".into() });
     };
-    rt.block_on(handle).map_err(|e| Error::Remote { url: url.to_string(), reason: format!("an upload task failed: {e}") })?
+    block_on(handle)?.map_err(|e| Error::Remote { url: url.to_string(), reason: format!("an upload task failed: {e}") })?
 }
 
 fn read_exact(file: &mut File, local: &Path, len: u64) -> Result<Bytes> {
