@@ -84,3 +84,11 @@ def test_reader_rejects_unknown_layouts(tmp_path: Path):
     build([write_jsonl(tmp_path / "in.jsonl", make_docs(5))], tmp_path / "c", seqlen=16)
     with pytest.raises(tokshuf.ConfigError, match="boundaries"):
         tokshuf.Reader(tmp_path / "c", batch_size=2, boundaries="nope")
+    # pairs() shifts plain batches; a (batch, boundaries) pair is the caller's to shift.
+    r = tokshuf.Reader(tmp_path / "c", batch_size=2, boundaries="segment_ids")
+    with pytest.raises(tokshuf.ConfigError, match="boundaries='segment_ids'"):
+        next(r.pairs())
+    with pytest.raises(tokshuf.ConfigError, match="boundaries"):
+        tokshuf.shift_targets(next(r))
+    inputs, targets = next(tokshuf.Reader(tmp_path / "c", batch_size=2).pairs())
+    assert inputs.shape == targets.shape == (2, 15)

@@ -59,3 +59,9 @@ def test_shifted_pairs(cache_dir):
     ds = ReaderDataset(tokshuf.Reader(cache_dir, batch_size=2, dtype="int64"), steps=3, shift=True)
     for x, y in ds:
         assert x.dtype == torch.int64 and torch.equal(x[:, 1:], y[:, :-1])
+    # With boundaries, they are the inputs' (the same shape, and what boundaries_of gives them).
+    r = tokshuf.Reader(cache_dir, batch_size=2, boundaries="position_ids")
+    want = [next(tokshuf.Reader(cache_dir, batch_size=2, boundaries="position_ids"))[0]]
+    (x, y), pos = next(iter(ReaderDataset(r, steps=1, shift=True)))
+    assert pos.shape == x.shape
+    assert np.array_equal(pos.numpy(), r.boundaries_of(want[0][:, :-1]))

@@ -223,6 +223,22 @@ def test_what_does_not_apply_is_refused(cache_dir):
         tokshuf.Cache(cache_dir)
     with pytest.raises(tokshuf.ConfigError, match="unpacked"):
         tokshuf.Blend([(cache_dir, 1.0)])
+    with pytest.raises(tokshuf.ConfigError, match="unpacked cache's batches"):
+        next(r.pairs())
+    with pytest.raises(tokshuf.ConfigError, match="UnpackedBatch"):
+        tokshuf.shift_targets(next(r))
+    from tokshuf.grain import DataSource
+
+    with pytest.raises(tokshuf.ConfigError, match="unpacked"):
+        DataSource(cache_dir)
+    cache = tokshuf.UnpackedCache(cache_dir)
+    for args in ((-1, 0, 0), (0, -1, 0), (0, 0, 10**9), (99, 0, 0)):
+        with pytest.raises(IndexError):
+            cache.example(*args)
+    with pytest.raises(IndexError):
+        cache.lengths(-1)
+    with pytest.raises(TypeError):
+        cache.example(0, 0, 1.0)
 
 
 def test_uint16_batches_of_a_uint32_cache_are_refused(tmp_path):
@@ -239,6 +255,7 @@ def test_uint16_batches_of_a_uint32_cache_are_refused(tmp_path):
         (dict(bins=[16, 64, 40]), "increasing"),
         (dict(bins=[16, 40]), "seqlen"),
         (dict(bins=[0, 64]), "positive"),
+        (dict(bins=[True, 64]), "bins must be"),
         (dict(bin_size=16, bins=[16, 64]), "not both"),
         (dict(bin_size=0, bins=None), "positive"),
         (dict(bin_size=1, bins=None, seqlen=500), "at most 100"),
@@ -265,6 +282,11 @@ def test_torch_adapter_yields_the_readers_batches(cache_dir):
     for g, w in zip(got, want):
         assert torch.equal(g.tokens, torch.from_numpy(w.tokens)) and torch.equal(g.lengths, torch.from_numpy(w.lengths))
         assert torch.equal(g.attention_mask, torch.from_numpy(w.attention_mask)) and g.bin == w.bin
+    # The state after those batches counts their real tokens, as the Reader's does: given the
+    # count (workers), and from the batches yielded in this process.
+    assert ds.state_dict(6)["tokens_seen"] == r.state_dict()["tokens_seen"] == sum(int(w.num_tokens) for w in want)
+    here = ReaderDataset(tokshuf.Reader(cache_dir, batch_size=4), steps=6)
+    assert len(list(here)) == 6 and here.state_dict() == r.state_dict()
 
 
 def test_verify_passes_and_finds_damage(tmp_path, cache_dir):

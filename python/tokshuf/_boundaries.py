@@ -9,8 +9,11 @@ concatenation anywhere, so within one row (context):
   simply document 0 of the row.
 - padding exists only at the end of a row (the stitched or padded tail of a file): the trailing
   run of ``pad_id`` after the row's last real EOT. Documents are never empty (empty ones are
-  skipped), so when ``pad_id == eot_id`` the first EOT of a trailing run is the last document's
-  own and the rest is padding. Padding is not a document: segment id -1, position 0; in
+  skipped), so when ``pad_id == eot_id`` the first EOT of a trailing run is taken as the last
+  document's own and the rest as padding. A document piece that is only its EOT (a document cut
+  just before its EOT, a file tail of one EOT) at the end of a row, after another EOT, is then
+  taken for padding too: the ids alone cannot tell them apart. A distinct ``pad_id`` makes the
+  boundaries exact. Padding is not a document: segment id -1, position 0; in
   ``cu_seqlens`` it is one segment of its own, so the segments still cover every token.
 
 Layouts (``B`` rows of ``L`` tokens):

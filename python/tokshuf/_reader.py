@@ -32,6 +32,11 @@ def shift_targets(batch: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     Returns:
         ``(inputs, targets)``: ``batch[:, :-1]`` and ``batch[:, 1:]`` (views, no copy).
     """
+    if isinstance(batch, tuple) or getattr(batch, "ndim", None) != 2:
+        raise ConfigError(
+            f"shift_targets takes a (B, seqlen) array or tensor, not {type(batch).__name__}: shift an UnpackedBatch's "
+            "tokens (and mask past each row's length), or a (batch, boundaries) pair's batch, yourself"
+        )
     return batch[:, :-1], batch[:, 1:]
 
 
@@ -359,7 +364,12 @@ class Reader:
         return batch
 
     def pairs(self) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
-        """Iterate ``(inputs, targets)`` shifted by one token (see :func:`shift_targets`)."""
+        """Iterate ``(inputs, targets)`` shifted by one token (see :func:`shift_targets`): for
+        a packed cache read without ``boundaries`` (shift an unpacked batch's ``tokens``, or a
+        batch and its boundaries, yourself)."""
+        if self._unpacked or self._boundaries is not None:
+            what = "an unpacked cache's batches" if self._unpacked else f"batches with boundaries={self._boundaries!r}"
+            raise ConfigError(f"pairs() shifts plain batches of contexts, not {what}")
         for batch in self:
             yield shift_targets(batch)
 

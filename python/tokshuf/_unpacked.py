@@ -13,6 +13,14 @@ from . import _core
 from ._cache import PathLike
 
 
+def _index(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, not {type(value).__name__}")
+    if not 0 <= value < 2**63:
+        raise IndexError(f"{name} {value} out of range")
+    return int(value)
+
+
 class UnpackedBatch(NamedTuple):
     """One rank's slice of a global batch of an unpacked cache.
 
@@ -113,11 +121,11 @@ class UnpackedCache:
 
     def lengths(self, bin: int) -> np.ndarray:
         """Lengths of bin ``bin``'s examples in manifest order (reads every member header)."""
-        return self._inner.lengths(int(bin))
+        return self._inner.lengths(_index("bin", bin))
 
     def example(self, bin: int, chunk: int, index: int) -> np.ndarray:
         """Example ``index`` of chunk ``chunk`` of bin ``bin``, as a 1-D int64 array."""
-        return self._inner.example(int(bin), int(chunk), int(index))
+        return self._inner.example(_index("bin", bin), _index("chunk", chunk), _index("index", index))
 
     def __repr__(self) -> str:
         return f"UnpackedCache({self._path!r}, examples={len(self)}, bins={len(self.bins)}, seqlen={self.seqlen})"

@@ -77,6 +77,11 @@ class DataSource:
             prefetch=0,
             dtype=dtype,
         )
+        if self._reader._unpacked:
+            raise ConfigError(
+                "an unpacked (packing='none') cache has examples of many lengths: Grain's records are "
+                "1-D arrays of seqlen ids; read it with tokshuf.Reader (UnpackedBatch) instead"
+            )
         if single_pass:
             if num_records is not None:
                 raise ConfigError("num_records: a single pass has its own length; leave num_records out")

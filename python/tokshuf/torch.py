@@ -39,16 +39,19 @@ class ReaderDataset(IterableDataset):  # type: ignore[type-arg,misc]
         reader: fixes the cache, rank, world size and options; its position when the dataset
             is made (or loaded with :meth:`load_state_dict`) is where iteration starts.
         steps: the number of batches to yield (None: endless, or to the end of a single pass).
-        shift: yield ``(inputs, targets)`` shifted by one token instead of whole batches.
+        shift: yield ``(inputs, targets)`` shifted by one token instead of whole batches (with
+            the reader's ``boundaries``, those of the inputs).
     """
 
     def __init__(self, reader: Reader, *, steps: Optional[int] = None, shift: bool = False) -> None:
         super().__init__()
         self._reader = reader
         self._start = reader.next_example
+        self._start_tokens = reader._tokens_seen
         self._steps = steps
         self._shift = shift
         self._seen = 0
+        self._tokens = 0  # real tokens of the unpacked batches yielded in this process
 
     @property
     def reader(self) -> Reader:
@@ -65,6 +68,8 @@ class ReaderDataset(IterableDataset):  # type: ignore[type-arg,misc]
             if info is None:
                 self._seen += 1
             if isinstance(batch, UnpackedBatch):
+                if info is None:
+                    self._tokens += batch.num_tokens
                 yield UnpackedBatch(
                     torch.from_numpy(batch.tokens),
                     torch.from_numpy(batch.lengths),
@@ -78,7 +83,8 @@ class ReaderDataset(IterableDataset):  # type: ignore[type-arg,misc]
             if self._reader._boundaries is None:
                 yield out
             else:
-                b = self._reader.boundaries_of(batch)
+                # Of what is yielded: the inputs when shifted, so the shapes agree.
+                b = self._reader.boundaries_of(batch[:, :-1] if self._shift else batch)
                 yield (
                     out,
                     (
@@ -90,17 +96,26 @@ class ReaderDataset(IterableDataset):  # type: ignore[type-arg,misc]
 
     def state_dict(self, batches_seen: Optional[int] = None) -> Dict[str, Any]:
         """Reader state after ``batches_seen`` batches of this dataset (default: the batches
-        yielded in this process, which is right only with ``num_workers=0``)."""
+        yielded in this process, which is right only with ``num_workers=0``). Over an unpacked
+        cache the state's ``tokens_seen`` counts those batches' real tokens: from the batches
+        yielded here, or (for another count, as with workers) by reading the batches' lengths
+        again."""
         n = self._seen if batches_seen is None else int(batches_seen)
         r = self._reader
         saved = r.next_example
         r.seek(example=self._start + n * r.batch_size)
         try:
-            return r.state_dict()
+            state = r.state_dict()
         finally:
             r.seek(example=saved)
+        if r._unpacked:
+            tokens = self._tokens if n == self._seen else sum(b.num_tokens for b in r._stream(self._start, count=n))
+            state["tokens_seen"] = self._start_tokens + tokens
+        return state
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self._reader.load_state_dict(state)
         self._start = self._reader.next_example
+        self._start_tokens = self._reader._tokens_seen
         self._seen = 0
+        self._tokens = 0

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict};
+use pyo3::types::{PyBool, PyDict, PyList, PyTuple};
 
 use tokshuf_core::build::BuildOptions;
 use tokshuf_core::format::InputKind;
@@ -23,8 +23,10 @@ where
     if v.is_none() {
         return Ok(None);
     }
-    // A bool is an int to Python, but never a count or an id here.
-    let wrong_bool = what != BOOL && v.is_instance_of::<PyBool>();
+    // A bool is an int to Python, but never a count or an id here (nor in a list of them).
+    let in_list = (v.is_instance_of::<PyList>() || v.is_instance_of::<PyTuple>())
+        && v.try_iter().is_ok_and(|mut items| items.any(|x| x.is_ok_and(|x| x.is_instance_of::<PyBool>())));
+    let wrong_bool = what != BOOL && (v.is_instance_of::<PyBool>() || in_list);
     v.extract::<T>().ok().filter(|_| !wrong_bool).map(Some).ok_or_else(|| {
         let shown = v.repr().map_or_else(|_| "?".to_string(), |r| r.to_string());
         to_pyerr(Error::Config(format!("{key} must be {what}, not {shown}")))
