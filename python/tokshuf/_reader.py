@@ -55,8 +55,8 @@ def _warn_if_shards_thrash(cache: Cache, ideal_readers: int, world_size: int) ->
     every example evicts a shard another needs next and downloads one again."""
     limit = cache._cache_limit
     meta = cache.metadata
-    if limit is None or meta.get("status") != "complete":
-        return
+    if limit is None or "://" not in cache.path or meta.get("status") != "complete":
+        return  # no budget, or a local cache (read where it is)
     contexts, chunks, size = meta.get("num_contexts") or 0, meta.get("num_chunks") or 0, meta.get("bytes_out") or 0
     if not (contexts and chunks and size):
         return

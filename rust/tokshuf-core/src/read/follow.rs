@@ -115,6 +115,9 @@ pub struct Follow {
     ident: Value,
     known: Mutex<Known>,
     ready: Mutex<HashSet<u64>>,
+    /// tokshuf.json as `check_same_build` last found it the followed build's (inode, size,
+    /// mtime): looked at again only once it changed, not parsed for every shard.
+    checked_meta: Mutex<Option<(u64, u64, std::time::SystemTime)>>,
 }
 
 fn ident(meta: &CacheMeta) -> Value {
@@ -295,13 +298,17 @@ impl Follow {
         let replaced = |why: &str| {
             Error::corrupt(&meta_path, format!("{why} while following the build (another build into the same folder, or overwrite=True?)"))
         };
-        if !meta_path.exists() {
-            return Err(replaced("was removed"));
+        let Ok(md) = std::fs::metadata(&meta_path) else { return Err(replaced("was removed")) };
+        let stamp = (std::os::unix::fs::MetadataExt::ino(&md), md.len(), md.modified().unwrap_or(std::time::UNIX_EPOCH));
+        let mut checked = self.checked_meta.lock().unwrap_or_else(|e| e.into_inner());
+        if *checked == Some(stamp) {
+            return Ok(());
         }
         let meta = cache::read_meta(root, false)?;
         if ident(&meta) != self.ident {
             return Err(replaced("changed"));
         }
+        *checked = Some(stamp);
         Ok(())
     }
 
@@ -417,6 +424,7 @@ pub fn open_watched(watch: Arc<dyn Watch>, timeout: Option<Duration>, cancel: &A
         ident: ident(&meta),
         known: Mutex::new(Known::default()),
         ready: Mutex::new(HashSet::new()),
+        checked_meta: Mutex::new(None),
     };
     let chunks: Vec<ChunkEntry> = if meta.shuffle {
         follow.wait_plan(cancel)?.into_iter().map(|size| ChunkEntry { size, bytes: None }).collect()
