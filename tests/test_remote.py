@@ -560,3 +560,56 @@ def test_an_input_object_changed_after_the_build_listed_it_stops_it(s3: S3, tmp_
     _, err = b.proc.communicate(timeout=120)
     assert b.proc.returncode != 0
     assert f"{first.name}: changed while the build ran" in err.decode(), err.decode()
+
+
+def test_ctrl_c_is_not_held_by_a_hung_request(tmp_path: Path) -> None:
+    """A store that accepts connections and never answers: Ctrl-C must stop the request in
+    flight, not wait out its timeout and retries (minutes with the defaults used here)."""
+    import os
+    import signal
+    import socket
+
+    from support.s3 import TEST_ENV
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    accepted: List[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            accepted.append(conn)  # held open, never answered
+
+    threading.Thread(target=accept, daemon=True).start()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "TOKSHUF_"))}
+    env.update({k: v for k, v in TEST_ENV.items() if k.startswith("AWS_")})
+    env.update(
+        AWS_ENDPOINT_URL=f"http://127.0.0.1:{server.getsockname()[1]}",
+        AWS_ALLOW_HTTP="true",
+        TOKSHUF_REMOTE_TIMEOUT="60",
+        TOKSHUF_REMOTE_RETRIES="10",
+    )
+    code = f"import tokshuf; tokshuf.Cache('s3://hung/cache', cache_dir={str(tmp_path / 'cc')!r})"
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while not accepted:  # the request is in flight
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.01)
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=20)
+        assert time.monotonic() - t0 < 10
+        assert proc.returncode != 0 and b"KeyboardInterrupt" in err, err.decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        server.close()
+        for c in accepted:
+            c.close()
