@@ -15,6 +15,7 @@ from . import _core
 from ._blend import Blend
 from ._boundaries import LAYOUTS, Boundaries, document_boundaries
 from ._cache import Cache, PathLike, _dtype_name
+from ._remote import is_url
 from ._unpacked import UnpackedCache, is_unpacked, make_batch
 from .exceptions import ConfigError, StateMismatchError
 
@@ -55,7 +56,7 @@ def _warn_if_shards_thrash(cache: Cache, ideal_readers: int, world_size: int) ->
     every example evicts a shard another needs next and downloads one again."""
     limit = cache._cache_limit
     meta = cache.metadata
-    if limit is None or "://" not in cache.path or meta.get("status") != "complete":
+    if limit is None or not is_url(cache.path) or meta.get("status") != "complete":
         return  # no budget, or a local cache (read where it is)
     contexts, chunks, size = meta.get("num_contexts") or 0, meta.get("num_chunks") or 0, meta.get("bytes_out") or 0
     if not (contexts and chunks and size):

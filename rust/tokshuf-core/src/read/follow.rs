@@ -143,6 +143,18 @@ fn plan_sizes(path: &Path, meta: &CacheMeta) -> Result<Vec<u64>> {
     Ok(sizes)
 }
 
+/// Nothing of a build is at `name` yet (no `what`) and none is running.
+pub fn not_started(name: &str, what: &str) -> Error {
+    Error::BuildNotRunning(format!(
+        "{name}: no build has written {what} there yet, and none is running; start the build first, or pass a timeout to wait for it to start"
+    ))
+}
+
+/// tokshuf.json at `meta_path` is no longer the followed build's (`why`).
+fn replaced(meta_path: &Path, why: &str) -> Error {
+    Error::corrupt(meta_path, format!("{why} while following the build (another build into the same folder, or overwrite=True?)"))
+}
+
 /// Wait for `attempt` to give a value: see the module notes. `what` names it in errors.
 /// `starting`: nothing of the build exists yet, so a build not running may be one about to
 /// start (a trainer and its build launched together): with a timeout, it is waited for.
@@ -169,11 +181,7 @@ fn wait_for<T>(
                 return Ok(v);
             }
             if starting {
-                return Err(Error::BuildNotRunning(format!(
-                    "{}: no build has written {} there yet, and none is running; start the build first, or pass a timeout to wait for it to start",
-                    watch.name(),
-                    what()
-                )));
+                return Err(not_started(&watch.name(), &what()));
             }
             return Err(Error::BuildNotRunning(format!(
                 "{}: waiting for {}, but the build is not running and the cache is not complete; resume it by running the same build command again",
@@ -238,10 +246,7 @@ impl Follow {
         let meta_path = root.join(META_NAME);
         let meta = cache::read_meta(root, false)?;
         if ident(&meta) != self.ident {
-            return Err(Error::corrupt(
-                &meta_path,
-                "changed while following the build (another build into the same folder, or overwrite=True?)",
-            ));
+            return Err(replaced(&meta_path, "changed"));
         }
         let planned = meta.status.planned();
         let mut plan = None;
@@ -295,10 +300,7 @@ impl Follow {
         self.watch.sync()?;
         let root = self.watch.root();
         let meta_path = root.join(META_NAME);
-        let replaced = |why: &str| {
-            Error::corrupt(&meta_path, format!("{why} while following the build (another build into the same folder, or overwrite=True?)"))
-        };
-        let Ok(md) = std::fs::metadata(&meta_path) else { return Err(replaced("was removed")) };
+        let Ok(md) = std::fs::metadata(&meta_path) else { return Err(replaced(&meta_path, "was removed")) };
         let stamp = (std::os::unix::fs::MetadataExt::ino(&md), md.len(), md.modified().unwrap_or(std::time::UNIX_EPOCH));
         let mut checked = self.checked_meta.lock().unwrap_or_else(|e| e.into_inner());
         if *checked == Some(stamp) {
@@ -306,7 +308,7 @@ impl Follow {
         }
         let meta = cache::read_meta(root, false)?;
         if ident(&meta) != self.ident {
-            return Err(replaced("changed"));
+            return Err(replaced(&meta_path, "changed"));
         }
         *checked = Some(stamp);
         Ok(())

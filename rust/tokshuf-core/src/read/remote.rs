@@ -209,9 +209,7 @@ fn wait_for_meta(root: &Location, timeout: Option<Duration>, cancel: &AtomicBool
             return Err(Error::Interrupted);
         }
         if timeout.is_none() && lease::state(&root.join(LOCK_NAME)) == BuildState::NotRunning {
-            return Err(Error::BuildNotRunning(format!(
-                "{root}: no build has written {META_NAME} there yet, and none is running; start the build first, or pass a timeout to wait for it to start"
-            )));
+            return Err(follow::not_started(&root.to_string(), META_NAME));
         }
         if timeout.is_some_and(|t| t0.elapsed() >= t) {
             return Err(Error::FollowTimeout(format!(
