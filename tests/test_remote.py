@@ -613,3 +613,26 @@ def test_ctrl_c_is_not_held_by_a_hung_request(tmp_path: Path) -> None:
         server.close()
         for c in accepted:
             c.close()
+
+
+def test_broken_remote_metadata_is_named_by_its_url(s3: S3, tmp_path: Path, small_corpus: list) -> None:
+    """A remote cache's metadata is read from a local copy; its errors name the object in the
+    store, which the user knows, not the copy under cache_dir."""
+    local = tmp_path / "local"
+    tokshuf.build_cache(small_corpus, local, **OPTS)
+    url = s3.url("caches/m")
+    tokshuf._core._storage_publish(str(local), url)
+    manifest = (local / "manifest.jsonl").read_text().splitlines()
+    meta = json.loads((local / "tokshuf.json").read_text())
+    cases = {
+        "manifest.jsonl": ("\n".join(manifest[:-1] + ["{not json"]) + "\n").encode(),
+        "tokshuf.json": json.dumps({**meta, "num_contexts": meta["num_contexts"] + 1}).encode(),
+    }
+    for name, data in cases.items():
+        s3.put(f"caches/m/{name}", data)
+        with pytest.raises(tokshuf.CacheCorruptError) as e:
+            tokshuf.Cache(url, cache_dir=tmp_path / "cc")
+        assert f"{url}/" in str(e.value), str(e.value)
+        assert str(tmp_path / "cc") not in str(e.value), str(e.value)
+        s3.put(f"caches/m/{name}", (local / name).read_bytes())
+    assert len(tokshuf.Cache(url, cache_dir=tmp_path / "cc")) == len(tokshuf.Cache(local))

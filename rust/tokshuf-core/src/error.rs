@@ -54,6 +54,28 @@ impl Error {
     pub fn corrupt(path: impl AsRef<Path>, reason: impl Into<String>) -> Self {
         Error::Corrupt { path: path.as_ref().to_path_buf(), reason: reason.into() }
     }
+
+    /// The same error naming the objects under `url` where it named the files of `dir`, the
+    /// local copy a remote cache's metadata is read from: the user knows the URL, and the copy's
+    /// bytes are the store's. Errors of the local disk itself (`Io`, `DiskFull`) keep the path.
+    pub fn naming_url(self, dir: &Path, url: &str) -> Self {
+        let url = url.trim_end_matches('/');
+        let path = |p: PathBuf| match p.strip_prefix(dir) {
+            Ok(rel) if rel.as_os_str().is_empty() => PathBuf::from(url),
+            Ok(rel) => PathBuf::from(format!("{url}/{}", rel.display())),
+            Err(_) => p,
+        };
+        let text = |s: String| s.replace(&dir.display().to_string(), url);
+        match self {
+            Error::Corrupt { path: p, reason } => Error::Corrupt { path: path(p), reason: text(reason) },
+            Error::BadInput { path: p, line, reason, kind } => Error::BadInput { path: path(p), line, reason: text(reason), kind },
+            Error::Config(s) => Error::Config(text(s)),
+            Error::OutputExists(s) => Error::OutputExists(text(s)),
+            Error::BuildNotRunning(s) => Error::BuildNotRunning(text(s)),
+            Error::FollowTimeout(s) => Error::FollowTimeout(text(s)),
+            other => other,
+        }
+    }
 }
 
 /// Why an input line was skipped (or, under `errors="raise"`, why the build stopped).

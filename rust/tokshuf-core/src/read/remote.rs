@@ -77,9 +77,10 @@ pub fn open_remote(url: &str, cache_dir: &Path, limit: u64, parallel: usize) -> 
     std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
     crate::format::write_atomic(&dir.join(MANIFEST_NAME), &manifest)?;
     crate::format::write_atomic(&dir.join(META_NAME), &meta)?;
-    let mut cache = Cache::open_with(&dir, false)?;
-    let shards = RemoteShards::new(ShardCache::new(root, dir.clone(), limit, parallel)?);
-    shards.add_lines(&manifest, &dir.join(MANIFEST_NAME))?;
+    let named = |e: Error| e.naming_url(&dir, &root.to_string());
+    let mut cache = Cache::open_with(&dir, false).map_err(named)?;
+    let shards = RemoteShards::new(ShardCache::new(root.clone(), dir.clone(), limit, parallel)?);
+    shards.add_lines(&manifest, &dir.join(MANIFEST_NAME)).map_err(named)?;
     cache.attach_remote(Arc::new(shards));
     Ok(cache)
 }
@@ -135,7 +136,7 @@ impl Watch for RemoteWatch {
                 // The mirror holds the `manifest_off` bytes synced so far; after a failed
                 // append the next sync sends the same lines again.
                 crate::format::append_lines(&mut f, st.manifest_off, &text[..end]).map_err(|e| Error::io(&path, e))?;
-                self.shards.add_lines(&text[..end], &path)?;
+                self.shards.add_lines(&text[..end], &path).map_err(|e| e.naming_url(&self.mirror, &self.url.to_string()))?;
                 st.manifest_off += end as u64;
             }
         }
@@ -187,8 +188,10 @@ pub fn open_remote_follow(
     // Copies from an earlier follow of the same build are rebuilt from the start.
     let _ = std::fs::remove_file(dir.join(MANIFEST_NAME));
     let shards = Arc::new(RemoteShards::new(ShardCache::new(root.clone(), dir.clone(), limit, parallel)?));
-    let watch = RemoteWatch { url: root, mirror: dir, shards: shards.clone(), synced: Mutex::new(Synced::default()) };
-    match follow::open_watched(Arc::new(watch), timeout, cancel)? {
+    let url_name = root.to_string();
+    let watch = RemoteWatch { url: root, mirror: dir.clone(), shards: shards.clone(), synced: Mutex::new(Synced::default()) };
+    let opened = follow::open_watched(Arc::new(watch), timeout, cancel).map_err(|e| e.naming_url(&dir, &url_name))?;
+    match opened {
         Opened::Complete => open_remote(url, cache_dir, limit, parallel),
         Opened::Following(mut cache) => {
             cache.attach_remote(shards);
