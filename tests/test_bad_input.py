@@ -628,6 +628,10 @@ def test_a_cache_inside_its_input_directory_is_not_read_back(tmp_path, tok):
     assert_cache_holds(out, [GOOD[:4], GOOD[4:8], GOOD[8:]], tok)
     with pytest.raises(tokshuf.ConfigError, match="inside the build's output"):
         build([out / "manifest.jsonl"], out, overwrite=True)
+    # Another build of the same folder (another seed, another output) skips that cache too:
+    # it read cache/manifest.jsonl as text, and failed on its lines' missing "text" key.
+    other = build([d], d / "cache_seed1", seed=1)
+    assert other.metadata["inputs"] == first.metadata["inputs"]
 
 
 def test_a_glob_matching_a_folder_searches_it(tmp_path, tok):

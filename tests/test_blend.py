@@ -366,6 +366,9 @@ def test_blend_arguments(tmp_path):
     assert b.quanta == [6, 2] and b.seed == 2
     with pytest.raises(SystemExit):
         p.parse_args(["--blend", "nocolon"])
+    # Without a blend it applies to nothing: it was accepted and ignored.
+    with pytest.raises(tokshuf.ConfigError, match="--blend-quantum applies to a blend"):
+        blend_from_args(p.parse_args(["--blend-quantum", "0"]))
 
 
 def test_blend_subcommand(tmp_path, capsys):

@@ -207,10 +207,19 @@ def test_state_mismatch_message_quotes_are_balanced(cache, tmp_path):
     assert msg.count("'") % 2 == 0, msg
 
 
-def test_seqlen_of_one_is_refused(tmp_path):
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        ("--seqlen", "1", "seqlen must be at least 2"),
+        ("--num-local-cells", "0", "num_local_cells must be between 1 and"),
+        # It was taken, and the build aborted for want of 800 GB after tokenizing everything.
+        ("--num-local-cells", "99999999999", "num_local_cells must be between 1 and"),
+    ],
+)
+def test_options_out_of_range_are_refused_before_any_work(tmp_path, flag, value, message):
     inputs = three_files(tmp_path / "in")
-    r = run("build", "-i", str(inputs[0]), "-o", str(tmp_path / "o"), "--seqlen", "1")
-    assert_one_line_error(r, "seqlen must be at least 2")
+    r = run("build", "-i", str(inputs[0]), "-o", str(tmp_path / "o"), flag, value)
+    assert_one_line_error(r, message)
     assert not (tmp_path / "o").exists()
 
 
@@ -346,3 +355,34 @@ def test_ray_driver_draws_the_same_bars(tmp_path):
     assert len(screen) == 2, screen
     assert re.fullmatch(rf"tokenize {BAR} 4/4 files \| {RATES} \| \d+s", screen[0]), screen[0]
     assert re.fullmatch(rf"write    {BAR} 1/2 chunks \| {RATES} \| \d+s", screen[1]), screen[1]
+
+
+def test_inspect_decodes_only_with_the_tokenizer_the_cache_was_built_with(tmp_path):
+    """tokshuf.json names the tokenizer as the build was given it (here a relative path): from
+    another folder that path may hold another tokenizer, which decoded wrong text silently."""
+    neox = Path(__file__).parent / "data" / "gpt-neox-20b.json"
+    a, b = tmp_path / "a", tmp_path / "b"
+    (a / "tk").mkdir(parents=True)
+    (b / "tk").mkdir(parents=True)
+    shutil.copy(neox, a / "tk" / "tok.json")
+    swapped = json.loads(neox.read_text())
+    vocab = swapped["model"]["vocab"]
+    vocab["Ġthe"], vocab["Ġof"] = vocab["Ġof"], vocab["Ġthe"]
+    (b / "tk" / "tok.json").write_text(json.dumps(swapped))
+    inputs = three_files(tmp_path / "in")
+    r = run(
+        "build", "-i", str(inputs[0]), "-o", str(tmp_path / "c"), "--tokenizer", "tk/tok.json", "--seqlen", "64", cwd=a
+    )
+    assert r.returncode == 0, r.stderr
+
+    def inspect(cwd: Path, *extra: str) -> str:
+        r = run("inspect", str(tmp_path / "c"), "-n", "1", *extra, cwd=cwd)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    right = inspect(a)
+    assert "--- context 0" in right and "not decoding" not in right
+    assert "not decoding: tk/tok.json is not the tokenizer the cache was built with" in inspect(b)
+    assert "cannot load tokenizer" in inspect(tmp_path) and "pass --tokenizer" in inspect(tmp_path)
+    assert inspect(tmp_path, "--tokenizer", str(a / "tk" / "tok.json")) == right
+    assert "decoding with tk/tok.json, not the tokenizer" in inspect(b, "--tokenizer", "tk/tok.json")

@@ -100,6 +100,10 @@ def test_cluster_is_multi_node_on_loopback(cluster: LocalCluster, record_propert
     assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == ENV["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"]
     session = _ray.connect("auto")  # the driver already connected: reused, not owned
     assert not session.owned and len(session.nodes) == 3 and session.cpus == 3
+    assert not _ray.connect(cluster.address).owned  # the same cluster, named
+    # Another cluster named: it was ignored, and the build ran on this one.
+    with pytest.raises(ConfigError, match="already connected to the Ray cluster at"):
+        _ray.connect("10.255.255.1:6379")
     tasks = [_ray.Task(_ray.task_name("probe", i, 6, f"task {i}"), _where, (i,), 1) for i in range(6)]
     done = []
     out = _ray.run_stage(session, "probe", tasks, lambda i, r: done.append(i))
@@ -228,6 +232,8 @@ RECIPES = [
         (2, 3),
         id="cl100k-blockszst-ordered",
     ),
+    # tokshuf.json's padding_fraction goes through the chunk plan's JSON on this engine.
+    pytest.param(dict(tokenizer=CL100K, format="npy", packing="bestfit", shuffle=True), (1, 2), id="cl100k-bestfit"),
 ]
 
 

@@ -139,6 +139,8 @@ def test_build_from_s3_inputs_equals_the_local_build(s3: S3, tmp_path: Path) -> 
     files = multi_member_inputs(tmp_path / "in")
     upload_all(s3, files, "corpus/part1")
     tokshuf.build_cache(files, tmp_path / "local", **OPTS)
+    # A cache under the prefix is not input: its manifest.jsonl is not text.
+    upload_all(s3, [tmp_path / "local" / n for n in ("tokshuf.json", "manifest.jsonl")], "corpus/cache")
     stats = tokshuf.build_cache(s3.url("corpus"), tmp_path / "remote", **OPTS)
     assert [f["path"] for f in stats.metadata["inputs"]] == [s3.url(f"corpus/part1/{f.name}") for f in files]
     same_except_input_names(tmp_path / "local", tmp_path / "remote")
@@ -636,3 +638,22 @@ def test_broken_remote_metadata_is_named_by_its_url(s3: S3, tmp_path: Path, smal
         assert str(tmp_path / "cc") not in str(e.value), str(e.value)
         s3.put(f"caches/m/{name}", (local / name).read_bytes())
     assert len(tokshuf.Cache(url, cache_dir=tmp_path / "cc")) == len(tokshuf.Cache(local))
+
+
+def test_an_unpacked_cache_in_a_store_is_refused_by_name(s3: S3, tmp_path: Path, small_corpus: list) -> None:
+    """The remote reader fetches one manifest; an unpacked cache has one per bin. Opening one,
+    from Python or the command line, says so (it said manifest.jsonl was not found)."""
+    local = tmp_path / "local"
+    tokshuf.build_cache(small_corpus, local, seqlen=64, packing="none", bin_size=16, progress=False)
+    files = [p for p in local.rglob("*") if p.is_file()]
+    assert not (local / "manifest.jsonl").exists() and len(files) > 3
+    for p in files:
+        s3.put(f"caches/u/{p.relative_to(local)}", p.read_bytes())
+    url = s3.url("caches/u")
+    for follow in (False, True):
+        with pytest.raises(tokshuf.ConfigError, match="unpacked"):
+            tokshuf.Cache(url, cache_dir=tmp_path / "cc", follow=follow)
+    for command in (["inspect", url, "-n", "1"], ["read", url, "--batch-size", "2", "--steps", "1"]):
+        r = subprocess.run([sys.executable, "-m", "tokshuf", *command], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        assert "unpacked (packing='none') cache from a store is not supported" in r.stderr, r.stderr

@@ -15,7 +15,7 @@ from support.build import run_to_pause
 from support.cache import assert_same_cache
 from support.corpus import parts
 from tokshuf.__main__ import main
-from tokshuf._cli_status import build_status
+from tokshuf._cli_status import build_status, format_status
 
 OPTS = dict(seqlen=32, chunk_size=64, threads=2, progress=False)
 
@@ -198,6 +198,13 @@ def test_status_of_unfinished_and_complete_builds(corpus, tmp_path, monkeypatch,
     assert json.loads(capsys.readouterr().out)["chunks_written"] == clean["num_chunks"]
 
 
+def test_status_of_a_folder_named_in_bytes_that_are_not_utf8(corpus, tmp_path):
+    # Its name was made valid UTF-8 first (a lossy copy), which named another, empty folder.
+    out = os.fsdecode(os.fsencode(str(tmp_path)) + b"/out\xfd")
+    tokshuf.build_cache(corpus, out, **OPTS)
+    assert (build_status(out)["status"], build_status(out)["files_done"]) == ("complete", 4)
+
+
 def test_status_cli_on_a_folder_without_a_build(tmp_path):
     r = subprocess.run([sys.executable, "-m", "tokshuf", "status", str(tmp_path)], capture_output=True, text=True)
     assert r.returncode == 1 and "no tokshuf build" in r.stderr
@@ -207,7 +214,10 @@ def test_status_finds_the_work_folder_under_local_cell_dir(corpus, tmp_path, mon
     out, cells = tmp_path / "cache", tmp_path / "scratch"
     unfinished(corpus, out, monkeypatch, 150_000, local_cell_dir=cells)
     assert not (out / ".tokshuf-work").exists()
-    assert build_status(out)["files_done"] == 0  # cannot see the work folder without the hint
+    s = build_status(out)
+    assert s["files_done"] == 0  # cannot see the work folder without the hint, and says so
+    assert s["work_dir"] is None and s["work_looked"] == str(out / ".tokshuf-work")
+    assert "none at" in format_status(s) and "--local-cell-dir" in format_status(s)
     s = build_status(out, local_cell_dir=cells)
     assert 0 < s["files_done"] < 4 and Path(s["work_dir"]).parent == cells
     tokshuf.build_cache(corpus, out, local_cell_dir=cells, **OPTS)

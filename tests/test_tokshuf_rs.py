@@ -187,6 +187,14 @@ def test_dataset_record_is_rewritten_as_tokshuf_rs_does(workdir: Path) -> None:
 
     r = tokshuf_rs(workdir, README_COMMAND, env, "--input-json", "in2.json")
     assert r.returncode == 1 and "--input-json and --output-json go together" in r.stderr
+    # Refused before the build, not found out after it: an empty name, and an unpacked cache
+    # (its num_tokens were counted as contexts x seqlen, its manifest_url named no file).
+    for extra, message in (
+        (["--output-json", ""], "not a file name in an existing folder"),
+        (["--output-json", "o.json", "--packing", "none"], "--packing none makes examples of any length"),
+    ):
+        r = tokshuf_rs(workdir, README_COMMAND, env, "--input-json", "in2.json", "--overwrite", *extra)
+        assert r.returncode == 1 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 def test_a_model_missing_from_the_hf_cache_says_how_to_fetch_it(workdir: Path) -> None:

@@ -56,7 +56,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             sys.stdout.flush()
         except OSError:  # stdout is what failed: its last flush, at exit, would fail again
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+        # check-tokenizer, like cmp, keeps 1 for "they differ".
+        return int(getattr(args, "error_code", 1))
     except KeyboardInterrupt:
         if debug:
             raise

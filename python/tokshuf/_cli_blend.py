@@ -16,6 +16,7 @@ import math
 from typing import TYPE_CHECKING, List, Optional, Tuple
 
 from ._cli_types import count
+from .exceptions import ConfigError
 
 if TYPE_CHECKING:
     from ._blend import Blend
@@ -56,7 +57,7 @@ def add_blend_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--blend-quantum",
         type=int,
-        default=DEFAULT_QUANTUM,
+        default=None,
         metavar="D",
         help=f"period of the blend schedule; shares are multiples of 1/D (default {DEFAULT_QUANTUM})",
     )
@@ -65,11 +66,14 @@ def add_blend_arguments(parser: argparse.ArgumentParser) -> None:
 def blend_from_args(args: argparse.Namespace, *, seed: int = 0) -> Optional[Blend]:
     """The :class:`Blend` the parsed ``--blend`` arguments describe, or None without any."""
     specs: Optional[List[Tuple[str, float]]] = getattr(args, "blend", None)
+    quantum = getattr(args, "blend_quantum", None)
     if not specs:
+        if quantum is not None:
+            raise ConfigError("--blend-quantum applies to a blend: give --blend PATH:WEIGHT too")
         return None
     from ._blend import Blend
 
-    return Blend(specs, seed=seed, quantum=args.blend_quantum)
+    return Blend(specs, seed=seed, quantum=DEFAULT_QUANTUM if quantum is None else quantum)
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -81,7 +81,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--tail",
         choices=["stitch", "pad", "drop"],
         default=None,
-        help="what to do with each file's last partial context (default stitch; with --dclm-compat pad)",
+        help="what to do with each file's last partial context (default stitch; with --dclm-compat pad); "
+        "--packing concat only: the other packings and --shuffle-only have no tails, and record stitch",
     )
     p.add_argument(
         "--eot-id",
@@ -235,9 +236,22 @@ def build_options(args: argparse.Namespace) -> Dict[str, Any]:
     if (
         out is not None
         and not is_url(out)
-        and (os.path.isdir(out) or not os.path.isdir(os.path.dirname(os.path.abspath(out))))
+        and (not out or os.path.isdir(out) or not os.path.isdir(os.path.dirname(os.path.abspath(out))))
     ):
-        raise ConfigError(f"--output-json {out}: not a file name in an existing folder")
+        raise ConfigError(f"--output-json {out!r}: not a file name in an existing folder")
+    if out is not None and args.packing == "none":
+        # A DCLM record names one manifest of fixed-length contexts; an unpacked cache has
+        # neither (its manifests are per length bin).
+        raise ConfigError(
+            "--output-json records a cache of contexts for DCLM; --packing none makes examples of any length"
+        )
+    if out is not None and not is_url(args.output):
+        try:
+            os.fsencode(args.output).decode("utf-8")
+        except UnicodeDecodeError:
+            raise ConfigError(
+                f"--output-json records the cache's path as JSON text: {args.output!r} is not UTF-8"
+            ) from None
     if args.s3_retries is not None and args.s3_retries < 0:
         raise ConfigError(f"--s3-retries must be >= 0, not {args.s3_retries}")
     backend = args.tokenizer_backend

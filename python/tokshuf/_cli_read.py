@@ -7,7 +7,7 @@ import hashlib
 import itertools
 import json
 import sys
-from typing import Any
+from typing import Any, Dict, Optional
 
 from ._cli_blend import add_blend_arguments, blend_from_args
 from ._cli_types import count
@@ -65,6 +65,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         type=count,
         default=1000,
         help="packed caches: contexts (manifest order) whose documents make the length histogram (default 1000)",
+    )
+    q.add_argument(
+        "--tokenizer",
+        default=None,
+        help="decode with this tokenizer (default: the one tokshuf.json names, if it is found with the sha256 recorded)",
     )
     q.set_defaults(func=_cmd_inspect)
 
@@ -132,7 +137,6 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     import numpy as np
 
     from ._cache import Cache
-    from ._core import Tokenizer
     from ._unpacked import UnpackedCache, is_unpacked
     from .exceptions import TokshufError
 
@@ -183,11 +187,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         lengths = _segment_lengths(cache, n)
         what = "every" if n == len(cache) else f"the first {n:,} of {len(cache):,}"
         print(_histogram(lengths, cache.seqlen, f"document lengths inside contexts (ids), {what} contexts"))
-    try:
-        decoder: Any = Tokenizer(tok["spec"])
-    except (TokshufError, KeyError) as e:
-        decoder = None
-        print(f"  (cannot load tokenizer to decode: {e})")
+    decoder = _decoder(tok, args.tokenizer)
     for i in range(min(args.contexts, len(cache))):
         ids = [int(x) for x in (_nth_example(cache, i) if isinstance(cache, UnpackedCache) else cache[i])]
         print(f"--- context {i}: {ids[:12]}{' ...' if len(ids) > 12 else ''}")
@@ -200,6 +200,30 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
                 continue
             print(text[: args.chars] + (" [...]" if len(text) > args.chars else ""))
     return 0
+
+
+def _decoder(recorded: Dict[str, Any], given: Optional[str]) -> Any:
+    """The tokenizer to decode with, or None (said why). tokshuf.json names it as the build was
+    given it, so a relative path or a file changed since may load another one: only one with
+    the recorded sha256 decodes, unless the user names one."""
+    from ._core import Tokenizer
+    from .exceptions import TokshufError
+
+    spec = given or recorded.get("spec")
+    try:
+        decoder = Tokenizer(str(spec))
+    except TokshufError as e:
+        print(f"  (cannot load tokenizer to decode: {e}; pass --tokenizer)")
+        return None
+    if decoder.sha256 != recorded.get("sha256"):
+        if given is None:
+            print(
+                f"  (not decoding: {spec} is not the tokenizer the cache was built with (sha256 "
+                f"{decoder.sha256[:16]}, recorded {str(recorded.get('sha256'))[:16]}); pass --tokenizer)"
+            )
+            return None
+        print(f"  (decoding with {spec}, not the tokenizer the cache was built with: sha256 {decoder.sha256[:16]})")
+    return decoder
 
 
 def _print_bins(cache: Any) -> None:

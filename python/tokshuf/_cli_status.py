@@ -16,7 +16,8 @@ def build_status(output: PathLike, local_cell_dir: Optional[PathLike] = None) ->
     tokshuf.json: building, streaming, writing, complete), ``stage``, ``files_done`` /
     ``files_total`` (stage 1), ``chunks_written`` (shards there), ``chunks_listed`` (lines in
     manifest.jsonl), ``chunks_planned`` (None until the chunk plan is known) and ``running``
-    (None when it cannot be known: a store without a build lease). Pass the build's
+    (None when it cannot be known: a store without a build lease), ``work_dir`` (the unfinished
+    build's work folder, None where ``work_looked`` holds none). Pass the build's
     ``local_cell_dir`` if it had one, to find its work folder."""
     return json.loads(
         _core.build_status(os.fspath(output), None if local_cell_dir is None else os.fspath(local_cell_dir))
@@ -33,6 +34,8 @@ def format_status(s: Dict[str, Any]) -> str:
         f"  files       {s['files_done']:,} / {s['files_total']:,} tokenized",
         f"  chunks      {chunks}",
     ]
+    if s["status"] != "complete" and s.get("work_dir") is None:
+        lines.append(f"  work        none at {s['work_looked']} (if the build had --local-cell-dir, pass it too)")
     if s["status"] != "complete":
         running = s.get("running")
         lines.append(

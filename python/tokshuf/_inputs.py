@@ -57,9 +57,15 @@ def _under(real: str, folders: Sequence[str]) -> bool:
     return any(real == f or real.startswith(f.rstrip(os.sep) + os.sep) for f in folders)
 
 
+def _shards(suffixes: Sequence[str]) -> bool:
+    """Whether ``suffixes`` name shards (a shuffle-only build reads caches' shards)."""
+    return tuple(suffixes) == SHARD_SUFFIXES
+
+
 def _walk(root: str, suffixes: Sequence[str], exclude: Sequence[str]) -> Iterable[str]:
     """Files under ``root`` named with one of ``suffixes``, following symlinks but never entering
-    a directory twice, nor one of ``exclude`` (real paths)."""
+    a directory twice, nor one of ``exclude`` (real paths), nor, for text inputs, a cache
+    folder below ``root`` (one holding a tokshuf.json)."""
     seen = set()
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True, onerror=_unlistable):
         real = os.path.realpath(dirpath)
@@ -68,6 +74,9 @@ def _walk(root: str, suffixes: Sequence[str], exclude: Sequence[str]) -> Iterabl
             continue
         seen.add(real)
         dirnames.sort()
+        if dirpath != root and "tokshuf.json" in filenames and not _shards(suffixes):
+            dirnames[:] = []  # a cache (another build's output): its manifests are not text
+            continue
         for name in filenames:
             if is_input_name(name, suffixes):
                 yield os.path.join(dirpath, name)
@@ -138,7 +147,13 @@ def _list_url(url: str, suffixes: Sequence[str]) -> List[str]:
     listed = [u for u, _ in _core._storage_list(url)]
     if listed == [url]:
         return listed
-    inputs = [u for u in listed if is_input_name(u, suffixes)]
+    # Caches below the prefix, as `_walk` skips them.
+    caches = tuple(
+        u[: -len("tokshuf.json")]
+        for u in listed
+        if u.endswith("/tokshuf.json") and not _shards(suffixes) and u != url.rstrip("/") + "/tokshuf.json"
+    )
+    inputs = [u for u in listed if is_input_name(u, suffixes) and not u.startswith(caches)]
     if not inputs:
         raise InputNotFoundError(f"{url}: no {', '.join(suffixes)} objects under this prefix or matching this pattern")
     return inputs

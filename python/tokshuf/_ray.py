@@ -95,9 +95,16 @@ class Session:
 
 def connect(address: Optional[str] = "auto") -> Session:
     """Join the running cluster (``auto``: RAY_ADDRESS or the one started on this machine, else
-    a new local one), or the cluster at ``address``. A driver already connected is reused."""
+    a new local one), or the cluster at ``address``. A driver already connected is reused; an
+    ``address`` naming another cluster is then refused, not silently replaced by that one."""
     ray = import_ray()
     if ray.is_initialized():
+        current = ray.get_runtime_context().gcs_address
+        if address not in (None, "auto") and address != current:
+            raise ConfigError(
+                f"ray_address {address!r}: this process is already connected to the Ray cluster at {current}; "
+                "leave ray_address out to build on that one, or call ray.shutdown() first"
+            )
         return Session(ray, owned=False, nodes=alive_nodes(ray))
     address = address or "auto"
     try:

@@ -12,6 +12,10 @@ use crate::hash;
 
 /// Default cell size when `num_local_cells` is not given (ids only: 8 bytes each).
 pub const DEFAULT_CELL_CONTEXTS: u64 = 1 << 16;
+/// The most cells a build may ask for. The plan keeps a count per cell (8 bytes), so this
+/// bounds that to 128 MiB; with the default of one cell per 65,536 contexts it is more
+/// contexts than any build holds.
+pub const MAX_CELLS: u64 = 1 << 24;
 pub const FILE_BITS: u32 = 24;
 pub const POS_BITS: u32 = 40;
 

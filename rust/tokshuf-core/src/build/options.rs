@@ -101,8 +101,8 @@ impl BuildOptions {
         if self.chunk_size < 1 {
             return Err(Error::Config(format!("chunk_size must be a positive integer, not {}", self.chunk_size)));
         }
-        if self.num_local_cells == Some(0) {
-            return Err(Error::Config("num_local_cells must be positive, not 0".into()));
+        if let Some(n) = self.num_local_cells.filter(|&n| n == 0 || n > super::cells::MAX_CELLS) {
+            return Err(Error::Config(format!("num_local_cells must be between 1 and {} (2**24), not {n}", super::cells::MAX_CELLS)));
         }
         if self.seqlen as u64 > format::MAX_SEQLEN {
             return Err(Error::Config(format!("seqlen must be at most {} (2**24), not {}", format::MAX_SEQLEN, self.seqlen)));

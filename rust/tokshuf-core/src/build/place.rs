@@ -40,7 +40,9 @@ impl Place {
     /// `path` (a local path or an object-store URL); `scratch` is where a store's files are
     /// produced before upload.
     pub fn new(path: &Path, scratch: &Path) -> Result<Place> {
-        Ok(match Location::parse(&path.to_string_lossy())? {
+        // A name that is not UTF-8 cannot be a URL, and a lossy copy would name another folder.
+        let Some(text) = path.to_str() else { return Ok(Place::Dir(path.to_path_buf())) };
+        Ok(match Location::parse(text)? {
             Location::Local(p) => Place::Dir(p),
             Location::Remote(url) => Place::Store { url, scratch: scratch.to_path_buf() },
         })

@@ -357,6 +357,9 @@ pub fn status(output: &Path, local_cell_dir: Option<&Path>) -> Result<Value> {
         "shuffle": recipe.shuffle,
         "running": running,
         "work_dir": if work_names.is_empty() { Value::Null } else { json!(work.to_string()) },
+        // Where it looked: a build given local_cell_dir keeps its work folder there, which only
+        // the same local_cell_dir finds.
+        "work_looked": work.to_string(),
     }))
 }
 

@@ -503,3 +503,23 @@ impl std::str::FromStr for Packing {
         choose("packing", s, &[("concat", Packing::Concat), ("bestfit", Packing::Bestfit), ("none", Packing::Unpacked)])
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fraction written into the chunk plan and read back for tokshuf.json is the same f64:
+    /// serde_json's default float parsing can land one step off (the Ray engine's tokshuf.json
+    /// then differed from the local engine's in `padding_fraction`).
+    #[test]
+    fn figures_read_back_are_the_same_bits() {
+        let f = PackingFigures { mode: Packing::Bestfit, padding_fraction: 5409.0 / (7814.0 * 256.0), ..Default::default() };
+        let back: PackingFigures = serde_json::from_str(&serde_json::to_string(&f).expect("json")).expect("parse");
+        assert_eq!(back.padding_fraction.to_bits(), f.padding_fraction.to_bits());
+        for k in 1..20_000u64 {
+            let x = (k * 7919 % 10_007) as f64 / (k as f64 * 2049.0);
+            let y: f64 = serde_json::from_str(&serde_json::to_string(&x).expect("json")).expect("parse");
+            assert_eq!(x.to_bits(), y.to_bits(), "{x}");
+        }
+    }
+}

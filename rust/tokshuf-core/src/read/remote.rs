@@ -71,8 +71,9 @@ pub fn open_remote(url: &str, cache_dir: &Path, limit: u64, parallel: usize) -> 
         let loc = root.join(name);
         storage::get(&loc)?.ok_or_else(|| Error::io(PathBuf::from(loc.to_string()), std::io::Error::from(std::io::ErrorKind::NotFound)))
     };
-    let manifest = need(MANIFEST_NAME)?;
     let meta = need(META_NAME)?;
+    refuse_unpacked(&root, &meta)?;
+    let manifest = need(MANIFEST_NAME)?;
     let dir = cache_dir_for(cache_dir, &root.to_string(), &manifest);
     std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
     crate::format::write_atomic(&dir.join(MANIFEST_NAME), &manifest)?;
@@ -182,6 +183,7 @@ pub fn open_remote_follow(
     // The local folder is named by the recipe, known once tokshuf.json is there: shards of
     // another build at the same URL are never mistaken for this one's.
     let meta = wait_for_meta(&root, timeout, cancel)?;
+    refuse_unpacked(&root, &meta)?;
     let recipe: Value = serde_json::from_slice::<Value>(&meta).map(|v| v["recipe"].clone()).unwrap_or(Value::Null);
     let dir = cache_dir_for(cache_dir, &root.to_string(), format!("following {recipe}").as_bytes());
     std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
@@ -198,6 +200,18 @@ pub fn open_remote_follow(
             Ok(*cache)
         }
     }
+}
+
+/// An unpacked cache (`"packing": "none"`) has a manifest per length bin, which the remote
+/// reader does not fetch: say so, rather than that manifest.jsonl is missing.
+fn refuse_unpacked(root: &Location, meta: &[u8]) -> Result<()> {
+    let packing = serde_json::from_slice::<Value>(meta).ok().and_then(|v| v.get("packing").and_then(Value::as_str).map(str::to_string));
+    if packing.as_deref() == Some("none") {
+        return Err(Error::Config(format!(
+            "{root}: reading an unpacked (packing='none') cache from a store is not supported; copy it to a local folder and open that"
+        )));
+    }
+    Ok(())
 }
 
 /// tokshuf.json of the build at `root`, waiting for it to appear. A build not running may be
