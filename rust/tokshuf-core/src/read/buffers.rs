@@ -42,12 +42,13 @@ element!(i64, I64);
 /// Buffers of batches given back. A cache owns one pool, shared by its readers one after the
 /// other: a new single pass fills the buffers the last one freed instead of faulting in new
 /// pages, which with two read threads cost as much as the pass itself on a small cache. It
-/// holds at most as many buffers as its readers keep in flight (holding more would only hold
-/// memory) and, when none is reading, as many as the last ones had in flight.
+/// holds at most as many buffers as the readers reading now keep in flight (holding more would
+/// only hold memory: a shallow reader after a deep one must not keep the deep one's) and, when
+/// none is reading, as many as the last ones had in flight.
 pub struct BufferPool {
-    /// Buffers the readers alive now keep in flight, in all (`Reservation`s).
+    /// Buffers the readers reading now keep in flight, in all (`Reservation`s).
     reserved: AtomicUsize,
-    /// `reserved` before it last went down: what is kept while no reader needs it.
+    /// `reserved` before it last fell to 0: what is kept while no reader reads.
     idle: AtomicUsize,
     /// Per process: a child forked while a parent's thread held the lock starts empty.
     free: PerProcess<Mutex<Vec<Batch>>>,
@@ -68,10 +69,15 @@ impl BufferPool {
         BufferPool { reserved: AtomicUsize::new(0), idle: AtomicUsize::new(0), free: PerProcess::new() }
     }
 
-    /// Buffers held at most: what the readers keep in flight, or what they last kept, and
-    /// never fewer than one batch being read while the consumer holds the previous one.
+    /// Buffers held at most: what the readers reading keep in flight, or, while none reads,
+    /// what the last ones kept; never fewer than one batch being read while the consumer holds
+    /// the previous one.
     fn keep(&self) -> usize {
-        self.reserved.load(Ordering::Relaxed).max(self.idle.load(Ordering::Relaxed)).max(2)
+        match self.reserved.load(Ordering::Relaxed) {
+            0 => self.idle.load(Ordering::Relaxed),
+            n => n,
+        }
+        .max(2)
     }
 
     /// The reader holding `r` keeps `n` buffers in flight now (0: it is done).
@@ -81,9 +87,18 @@ impl BufferPool {
             self.reserved.fetch_add(n - old, Ordering::Relaxed);
         } else {
             let before = self.reserved.fetch_sub(old - n, Ordering::Relaxed);
-            self.idle.store(before, Ordering::Relaxed);
-            let keep = self.keep();
-            self.free().truncate(keep);
+            if before == old - n {
+                self.idle.store(before, Ordering::Relaxed);
+            }
+        }
+        let keep = self.keep();
+        self.free().truncate(keep);
+    }
+
+    /// The reader holding `r` reads on the caller's thread: one batch being filled, one held.
+    pub fn reserve_unless_reading_ahead(&self, r: &Reservation) {
+        if r.0.load(Ordering::Relaxed) == 0 {
+            self.reserve(r, 2);
         }
     }
 
@@ -152,9 +167,25 @@ mod tests {
         }
         assert_eq!(pool.free().len(), 5, "what both readers keep in flight");
         pool.reserve(&a, 0);
-        assert_eq!(pool.free().len(), 5, "a reader done: what was in flight waits for the next one");
+        assert_eq!(pool.free().len(), 2, "a reader done: the one still reading keeps one in flight");
+        for _ in 0..6 {
+            pool.give(Batch::I64(vec![0; 4]));
+        }
+        assert_eq!(pool.free().len(), 2);
         pool.reserve(&b, 0);
         assert_eq!(pool.free().len(), 2, "the last reader kept one in flight: two are held");
+        // A deep reader, done, then a shallow one: the shallow one keeps its own depth only.
+        pool.reserve(&a, 9);
+        for _ in 0..9 {
+            pool.give(Batch::I64(vec![0; 4]));
+        }
+        pool.reserve(&a, 0);
+        assert_eq!(pool.free().len(), 9, "nobody reads: held for the next reader");
+        pool.reserve_unless_reading_ahead(&b);
+        assert_eq!(pool.free().len(), 2, "a reader without read-ahead needs two");
+        pool.reserve_unless_reading_ahead(&b);
+        pool.reserve(&b, 0);
+        assert_eq!(pool.free().len(), 2);
         assert_eq!(pool.reserved.load(Ordering::Relaxed), 0);
         // Single passes one after the other fill the same buffers.
         let c = Reservation::default();
@@ -173,8 +204,8 @@ mod tests {
             pool.give(Batch::I64(v));
         }
         pool.reserve(&d, 3);
-        assert_eq!(pool.free().len(), 8, "until its reader keeps fewer in flight, then ends");
+        assert_eq!(pool.free().len(), 3, "its reader keeps fewer in flight");
         pool.reserve(&d, 0);
-        assert_eq!(pool.free().len(), 3);
+        assert_eq!(pool.free().len(), 3, "and is done: they wait for the next one");
     }
 }

@@ -183,6 +183,8 @@ impl BatchSpec {
     /// `assemble`, waiting (follow mode) for the chunks it needs; `cancel` stops the wait.
     pub fn assemble_wait(&self, first: u64, cancel: &AtomicBool) -> Result<(usize, Batch)> {
         self.check(first)?;
+        // A reader without read-ahead counts too (read-ahead reserved before its threads ran).
+        self.buffers.reserve_unless_reading_ahead(&self.reserved);
         super::remote::prefetch_ahead(self, first);
         let full = first.saturating_add(self.batch_size);
         let stop = match self.source.wait_len(full, cancel)? {
