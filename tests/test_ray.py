@@ -28,7 +28,7 @@ from support.ray_builds import (
 )
 from support.ray_cluster import ENV, LOOPBACK, LocalCluster, local_cluster
 from tokshuf import _ray
-from tokshuf.exceptions import ConfigError, InputError
+from tokshuf.exceptions import ClusterError, ConfigError, InputError
 
 ray = pytest.importorskip("ray")
 # Task functions defined here travel by value: worker processes cannot import this test module.
@@ -55,6 +55,12 @@ def _flaky(i: int, _fault: bool = False) -> int:
     if _fault:
         raise OSError(f"injected failure in task {i}")
     return i * i
+
+
+def _crash(i: int, _fault: bool = False) -> int:
+    if i == 1:
+        os._exit(1)  # the worker dies, as when the kernel kills it for memory
+    return i
 
 
 def _bad_input(i: int, _fault: bool = False) -> int:
@@ -119,6 +125,19 @@ def test_failed_task_is_retried(cluster: LocalCluster, monkeypatch: pytest.Monke
     out = _ray.run_stage(session, "flaky", tasks, lambda i, r: None)
     assert out.results == [0, 1, 4]
     assert out.retries == 1
+
+
+@pytest.mark.slow
+def test_a_worker_that_keeps_dying_is_a_cluster_error(cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    # It was Ray's WorkerCrashedError, and the command line printed its traceback.
+    monkeypatch.setattr(_ray, "MAX_ATTEMPTS", 1)  # Ray's own retries still run
+    session = _ray.connect("auto")
+    tasks = [_ray.Task(f"crash {i}", _crash, (i,), 1) for i in range(3)]
+    with pytest.raises(
+        ClusterError,
+        match=r"^crash 1: the cluster failed it on every attempt \(WorkerCrashedError: .*run the same build again",
+    ):
+        _ray.run_stage(session, "crash", tasks, lambda i, r: None)
 
 
 @pytest.mark.slow

@@ -167,3 +167,25 @@ def test_killed_driver_resumes_in_the_store(
     assert got["build"]["tasks"]["tokenize"] == 0  # stage 1 was done
     assert_same_files(want, without_input_names(store_files(store, "caches/killed")))
     assert store.pending_uploads() == []
+
+
+def test_shuffle_only_into_a_store(
+    cluster: LocalCluster, store: S3, corpus: Tuple[List[Path], List[str]], tmp_path: Path
+) -> None:
+    """A reshuffle has no stitched tails: the driver published a tails spill that was never
+    made, so every shuffle-only Ray build into a store failed."""
+    files, _ = corpus
+    opts = dict(tokenizer=CL100K, seqlen=128, chunk_size=32)
+    local_build(files, tmp_path / "source", **opts)
+    shards = sorted((tmp_path / "source").glob("shard_*.tar"))
+    again = dict(opts, shuffle_only=True, seed=5, num_local_cells=3)
+    local_build(shards, tmp_path / "local", **again)
+    options = _ray.RayOptions(cpus_per_task=1, task_bytes=1, chunks_per_task=2)
+    ray_build(shards, store.url("caches/reshuffled"), options, **again)
+    got = store_files(store, "caches/reshuffled")
+    assert set(got) == {p.name for p in (tmp_path / "local").iterdir()}
+    meta = json.loads(got.pop("tokshuf.json"))
+    want = json.loads((tmp_path / "local" / "tokshuf.json").read_text())
+    meta.pop("build"), want.pop("build")
+    assert meta == want
+    assert all(got[n] == (tmp_path / "local" / n).read_bytes() for n in got)

@@ -10,6 +10,7 @@ from ._core import Tokenizer, __version__
 from .exceptions import (
     BuildNotRunningError,
     CacheCorruptError,
+    ClusterError,
     ConfigError,
     DiskFullError,
     FollowTimeoutError,
@@ -68,6 +69,7 @@ __all__ = [
     "BuildStats",
     "Cache",
     "CacheCorruptError",
+    "ClusterError",
     "ConfigError",
     "DiskFullError",
     "FollowTimeoutError",

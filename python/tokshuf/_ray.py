@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ._remote import is_url
 from .exceptions import (
+    ClusterError,
     ConfigError,
     InputError,
     InputNotFoundError,
@@ -290,6 +291,12 @@ def run_stage(
                 if isinstance(err, DETERMINISTIC) or attempt + 1 >= MAX_ATTEMPTS:
                     if isinstance(err, TokshufError):
                         raise err from None
+                    if isinstance(err, ray.exceptions.RayError) and not isinstance(err, ray.exceptions.RayTaskError):
+                        # The cluster's failure, not the task's: a crashed or killed worker, a lost node.
+                        raise ClusterError(
+                            f"{tasks[i].name}: the cluster failed it on every attempt ({type(err).__name__}: "
+                            f"{str(err).splitlines()[0] if str(err) else 'no message'}); run the same build again to resume"
+                        ) from None
                     raise
                 retries += 1
                 pending[submit(i, attempt + 1)] = (i, attempt + 1)

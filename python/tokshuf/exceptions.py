@@ -61,6 +61,12 @@ class BuildNotRunningError(TokshufError, RuntimeError):
     running the same build command again."""
 
 
+class ClusterError(TokshufError, RuntimeError):
+    """``engine="ray"``: the cluster kept failing a task (its worker crashed, was killed for
+    memory, or its node died) after every retry; what was done is kept, so running the same
+    build again resumes it."""
+
+
 class FollowTimeoutError(TokshufError, TimeoutError):
     """Follow mode: what the reader waits for (the chunk plan, a shard, manifest lines) did not
     appear within ``timeout`` seconds, though a build is running."""
@@ -69,6 +75,7 @@ class FollowTimeoutError(TokshufError, TimeoutError):
 __all__ = [
     "BuildNotRunningError",
     "CacheCorruptError",
+    "ClusterError",
     "ConfigError",
     "DiskFullError",
     "FollowTimeoutError",

@@ -67,8 +67,8 @@ def build_args(inputs: Sequence[Any], out: Any, **opts: Any) -> Dict[str, Any]:
         errors=opts.pop("errors", "raise"),
         overwrite=opts.pop("overwrite", False),
     )
-    # Unpacked builds' options, only when given (else build_cache's defaults).
-    args.update({k: opts.pop(k) for k in ("packing", "bins", "bin_size") if k in opts})
+    # Unpacked and shuffle-only builds' options, only when given (else build_cache's defaults).
+    args.update({k: opts.pop(k) for k in ("packing", "bins", "bin_size", "shuffle_only") if k in opts})
     assert not opts, opts
     return args
 

@@ -46,8 +46,7 @@ use super::steps::{self, Job};
 use super::BuildOptions;
 use crate::error::{Error, Result};
 use crate::format::{
-    self, lock::BuildLock, FileSummary, ManifestLine, Metadata, Recipe, Status, Tail, Totals, LOCK_NAME, MANIFEST_NAME, META_NAME,
-    WORK_NAME,
+    self, lock::BuildLock, FileSummary, ManifestLine, Metadata, Recipe, Status, Totals, LOCK_NAME, MANIFEST_NAME, META_NAME, WORK_NAME,
 };
 use crate::storage::lease::Lease;
 use crate::testhook;
@@ -394,7 +393,7 @@ impl Steps {
         let mut summaries: Vec<FileSummary> = (0..n)
             .map(|f| self.summary(f)?.ok_or_else(|| Error::Config(format!("stage 1 left file {f} unfinished"))))
             .collect::<Result<_>>()?;
-        if self.recipe.tail == Tail::Stitch {
+        if self.recipe.stitches_tails() {
             let stitched = match (self.summary(n)?, &self.work) {
                 (Some(s), _) => Some(s),
                 (None, Place::Dir(work)) => steps::stitch(&self.job(work), &self.cfg, &summaries)?,

@@ -14,7 +14,7 @@ use serde::de::DeserializeOwned;
 
 use crate::error::{Error, Result};
 use crate::format;
-use crate::storage::{self, Location, RemoteUrl};
+use crate::storage::{self, lease, Location, RemoteUrl};
 
 #[derive(Clone, Debug)]
 pub enum Place {
@@ -209,7 +209,29 @@ impl Place {
             Place::Store { scratch, .. } => scratch,
         };
         std::fs::create_dir_all(base).map_err(|e| Error::io(base, e))?;
-        tempfile::Builder::new().prefix("tokshuf-scratch-").tempdir_in(base).map_err(|e| Error::io(base, e))
+        let host = lease::hostname();
+        sweep_scratch(base, &host);
+        let prefix = format!("{SCRATCH}{host}-{}-", std::process::id());
+        tempfile::Builder::new().prefix(&prefix).tempdir_in(base).map_err(|e| Error::io(base, e))
+    }
+}
+
+const SCRATCH: &str = "tokshuf-scratch-";
+
+/// Remove the scratch folders in `base` of processes of this machine that are gone. A folder
+/// is named for its machine and process: a worker killed (for memory, say) never removes its
+/// own, and on a long build such leftovers (a task's share of the spills) would fill the disk.
+/// A folder of another machine sharing `base` is never touched.
+fn sweep_scratch(base: &Path, host: &str) {
+    let Ok(entries) = std::fs::read_dir(base) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let pid = name.strip_prefix(SCRATCH).and_then(|r| r.strip_prefix(host)).and_then(|r| r.strip_prefix('-'));
+        if let Some(pid) = pid.and_then(|r| r.split('-').next()).and_then(|p| p.parse::<u32>().ok()) {
+            if lease::gone_here(host, pid) {
+                let _ = remove_tree(&entry.path());
+            }
+        }
     }
 }
 
@@ -252,5 +274,30 @@ mod tests {
         assert_eq!(place.names().unwrap(), ["b"]);
         place.remove_all().unwrap();
         assert!(!t.path().join("out").exists());
+    }
+
+    /// A scratch folder left by a process of this machine that is gone (a worker killed) is
+    /// removed by the next one made there; live processes' and other machines' are kept.
+    #[test]
+    fn scratch_folders_of_dead_processes_are_swept() {
+        let t = tempfile::tempdir().unwrap();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let host = lease::hostname();
+        let names = [
+            format!("{SCRATCH}{host}-{dead}-abc"),
+            format!("{SCRATCH}{host}-{}-abc", std::process::id()),
+            format!("{SCRATCH}{host}x-{dead}-abc"),
+            format!("{SCRATCH}abc"),
+        ];
+        for n in &names {
+            std::fs::create_dir_all(t.path().join(n).join("cells")).unwrap();
+        }
+        let place = Place::new(t.path(), t.path()).unwrap();
+        let fresh = place.scratch_dir().unwrap();
+        assert!(!t.path().join(&names[0]).exists(), "a dead process's folder is removed");
+        assert!(names[1..].iter().all(|n| t.path().join(n).exists()), "the others are kept");
+        assert!(fresh.path().file_name().unwrap().to_string_lossy().starts_with(&format!("{SCRATCH}{host}-{}-", std::process::id())));
     }
 }

@@ -44,17 +44,23 @@ fn read(loc: &Location) -> Result<Option<Record>> {
     Ok(serde_json::from_slice(&bytes).ok())
 }
 
-fn hostname() -> String {
+pub(crate) fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string()
+}
+
+/// Process `pid` of machine `host` ran here and is gone (not this process, and no process of
+/// that number exists).
+pub(crate) fn gone_here(host: &str, pid: u32) -> bool {
+    // SAFETY: kill with signal 0 only asks whether the process exists.
+    host == hostname() && pid != std::process::id() && unsafe { libc::kill(pid as libc::pid_t, 0) } != 0 && {
+        std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+    }
 }
 
 /// The holder ran on this machine and its process is gone: a driver killed here, run again
 /// here, need not wait for its lease to go stale.
 fn died_here(r: &Record) -> bool {
-    // SAFETY: kill with signal 0 only asks whether the process exists.
-    r.host == hostname() && r.pid != std::process::id() && unsafe { libc::kill(r.pid as libc::pid_t, 0) } != 0 && {
-        std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
-    }
+    gone_here(&r.host, r.pid)
 }
 
 /// Write the lease as renewed now, or (`live` false) as given up: stale at once.
