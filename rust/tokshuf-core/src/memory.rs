@@ -4,11 +4,23 @@
 
 use crate::error::{Error, Result};
 
-/// Physical memory in bytes, if the system says.
+/// The memory this process may use, in bytes, if the system says: physical memory, or less
+/// where a container's memory limit (cgroup v2 or v1) or an address-space limit (`ulimit -v`)
+/// says so. In a container the machine's memory is the host's, which the process never gets.
 pub fn physical() -> Option<u64> {
     // SAFETY: sysconf has no preconditions.
     let (page, pages) = unsafe { (libc::sysconf(libc::_SC_PAGESIZE), libc::sysconf(libc::_SC_PHYS_PAGES)) };
-    (page > 0 && pages > 0).then(|| (page as u64).saturating_mul(pages as u64))
+    let ram = (page > 0 && pages > 0).then(|| (page as u64).saturating_mul(pages as u64));
+    let cgroup = |path: &str| std::fs::read_to_string(path).ok().and_then(|s| s.trim().parse::<u64>().ok());
+    let limits = [cgroup("/sys/fs/cgroup/memory.max"), cgroup("/sys/fs/cgroup/memory/memory.limit_in_bytes"), address_space()];
+    limits.into_iter().flatten().fold(ram, |m, l| Some(m.map_or(l, |m| m.min(l))))
+}
+
+fn address_space() -> Option<u64> {
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes the struct it is given.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut r) } == 0;
+    (ok && r.rlim_cur != libc::RLIM_INFINITY).then_some(r.rlim_cur)
 }
 
 /// `Error::Config` when `what` needs more than physical memory (`None`: more than u64 counts).
@@ -68,6 +80,26 @@ mod tests {
         let err = check_fits(None, || "a read-ahead".into()).unwrap_err().to_string();
         assert!(err.contains("more than 2^64 bytes"), "{err}");
         assert_eq!(human(512), "512 bytes");
+        // An address-space limit (a container's memory limit reads alike) is what may be used.
+        let child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "memory::tests::physical_is_what_this_process_may_use", "--nocapture"])
+            .env("TOKSHUF_TEST_LIMIT_AS", "1")
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&child.stdout);
+        assert!(child.status.success() && out.contains("1 passed"), "{out}");
+    }
+
+    #[test]
+    fn physical_is_what_this_process_may_use() {
+        if std::env::var_os("TOKSHUF_TEST_LIMIT_AS").is_none() {
+            return; // run in a child process by the test above
+        }
+        let limit = 3u64 << 30;
+        let r = libc::rlimit { rlim_cur: limit, rlim_max: limit };
+        // SAFETY: setrlimit reads the struct it is given; this process is the test's own child.
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &r) }, 0);
+        assert!(physical().is_some_and(|m| m <= limit));
         assert_eq!(human(3 << 29), "1.5 GiB");
     }
 }

@@ -59,7 +59,10 @@ pub struct Stage1Config {
 /// constant beside the limit covers. Like the limit, it never changes the bytes of a cache:
 /// a longer line stops the build.
 pub fn max_line(memory_limit: u64) -> usize {
-    (memory_limit / 8).clamp(MIN_MAX_LINE, usize::MAX as u64) as usize
+    // A limit beyond this machine's memory (2**50, say) must not lift the cap with it: a line
+    // of gigabytes would then abort the process when its ids cannot be allocated.
+    let limit = crate::memory::physical().map_or(memory_limit, |m| memory_limit.min(m));
+    (limit / 8).clamp(MIN_MAX_LINE, usize::MAX as u64) as usize
 }
 
 pub const MIN_MAX_LINE: u64 = 16 << 20;
@@ -110,8 +113,17 @@ struct Tokenized {
 }
 
 enum Done {
-    Lines { file: usize, out: std::result::Result<Tokenized, Error> },
+    Lines { file: usize, out: std::result::Result<Tokenized, Error>, slots: usize },
     Passthrough(Job),
+}
+
+/// Slots of the in-flight bound `job` takes: one per `batch_bytes` of lines (a batch ends at
+/// the first line past `batch_bytes`, so an ordinary one takes one), at most all of them.
+fn slots(job: &Job, batch_bytes: usize, in_flight: usize) -> usize {
+    match job {
+        Job::Lines { buf, .. } => (buf.len() / batch_bytes.max(1)).clamp(1, in_flight),
+        _ => 1,
+    }
 }
 
 /// What the caller of `run` hears about, on the consuming thread, in file order per file.
@@ -156,7 +168,10 @@ pub fn run(
     // Enough batches that the workers run on while this thread waits on a finished file's
     // fsync (docs/fast-tokenizer.md, round six, has the measurements).
     let in_flight = (pool.current_num_threads() * 8).max(8);
-    let (slot_tx, slot_rx) = bounded::<()>(in_flight); // bounds batches in flight
+    // Bounds the bytes in flight: a batch takes a slot per `batch_bytes` it holds (a batch of
+    // one long line, up to `max_line`, takes them all), so that many long lines are not
+    // tokenized and held at once.
+    let (slot_tx, slot_rx) = bounded::<()>(in_flight);
     let (done_tx, done_rx) = unbounded::<(u64, Done)>();
     let stop = Arc::new(AtomicBool::new(false));
     let window = schedule.window.max(1);
@@ -171,8 +186,11 @@ pub fn run(
             .spawn(move || {
                 let mut seq = 0u64;
                 let mut emit = |job: Job| -> bool {
-                    if stop.load(Ordering::Relaxed) || cancel.load(Ordering::Relaxed) || slot_tx.send(()).is_err() {
-                        return false;
+                    let n = slots(&job, batch_bytes, in_flight);
+                    for _ in 0..n {
+                        if stop.load(Ordering::Relaxed) || cancel.load(Ordering::Relaxed) || slot_tx.send(()).is_err() {
+                            return false;
+                        }
                     }
                     let s = seq;
                     seq += 1;
@@ -186,7 +204,7 @@ pub fn run(
                                 } else {
                                     tokenize_batch(&cfg, &path, first_line, &buf, &ends)
                                 };
-                                let _ = tx.send((s, Done::Lines { file, out }));
+                                let _ = tx.send((s, Done::Lines { file, out, slots: n }));
                             });
                         }
                         other => {
@@ -302,7 +320,13 @@ impl Consume<'_> {
                     return Err(Error::Interrupted);
                 }
                 next += 1;
-                let _ = self.slot_rx.try_recv();
+                let slots = match &done {
+                    Done::Lines { slots, .. } => *slots,
+                    Done::Passthrough(_) => 1,
+                };
+                for _ in 0..slots {
+                    let _ = self.slot_rx.try_recv();
+                }
                 let file = match &done {
                     Done::Lines { file, .. } => *file,
                     Done::Passthrough(Job::Lines { file, .. } | Job::StreamError { file, .. } | Job::FileEnd { file }) => *file,
@@ -331,7 +355,7 @@ impl Consume<'_> {
                         }
                         if let Some(long) = error.get_ref().and_then(|e| e.downcast_ref::<input::LineTooLong>()) {
                             return Err(Error::Config(format!(
-                                "{}:{line}: {long}: a build holds lines up to an eighth of memory_limit (at least {} MiB); raise memory_limit",
+                                "{}:{line}: {long}: a build holds lines up to an eighth of memory_limit (at least {} MiB, and at most an eighth of the memory this process may use); raise memory_limit, or run where more memory is",
                                 paths[file].display(),
                                 MIN_MAX_LINE >> 20
                             )));
