@@ -48,13 +48,18 @@ pub(crate) fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string()
 }
 
-/// Process `pid` of machine `host` ran here and is gone (not this process, and no process of
-/// that number exists).
-pub(crate) fn gone_here(host: &str, pid: u32) -> bool {
+/// No process numbered `pid` runs on this machine (nor is it this one). A process of another
+/// user answers EPERM: it exists.
+pub(crate) fn gone(pid: u32) -> bool {
     // SAFETY: kill with signal 0 only asks whether the process exists.
-    host == hostname() && pid != std::process::id() && unsafe { libc::kill(pid as libc::pid_t, 0) } != 0 && {
+    pid != std::process::id() && unsafe { libc::kill(pid as libc::pid_t, 0) } != 0 && {
         std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
     }
+}
+
+/// Process `pid` of machine `host` ran here and is gone.
+pub(crate) fn gone_here(host: &str, pid: u32) -> bool {
+    host == hostname() && gone(pid)
 }
 
 /// The holder ran on this machine and its process is gone: a driver killed here, run again

@@ -210,11 +210,8 @@ impl Inner {
             if name.contains(".part.") {
                 // Another live process may be writing it; only ours are known dead. Files of
                 // dead processes are removed when their pid is not running.
-                if let Some(pid) = name.rsplit('.').next().and_then(|p| p.parse::<i32>().ok()) {
-                    // SAFETY: signal 0 only checks that the process exists.
-                    if unsafe { libc::kill(pid, 0) } != 0 {
-                        let _ = std::fs::remove_file(ent.path());
-                    }
+                if name.rsplit('.').next().and_then(|p| p.parse::<u32>().ok()).is_some_and(super::lease::gone) {
+                    let _ = std::fs::remove_file(ent.path());
                 }
                 continue;
             }
@@ -345,7 +342,7 @@ fn sha256_of(path: &Path) -> Option<String> {
     let mut f = File::open(path).ok()?;
     let mut hash = Sha256::new();
     std::io::copy(&mut f, &mut hash).ok()?;
-    Some(format!("{:x}", hash.finalize()))
+    Some(crate::format::hex(&hash.finalize()))
 }
 
 /// The folder under `cache_dir` for one remote cache: named by a hash of its URL and its
