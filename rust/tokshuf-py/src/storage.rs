@@ -28,7 +28,7 @@ fn _storage_read<'py>(py: Python<'py>, url: String, decompress: bool) -> PyResul
             let loc = Location::parse(&url)?;
             let mut r = storage::open(&loc)?;
             if decompress {
-                r = Box::new(tokshuf_core::build::input::decode(&loc.file_name(), r, None)?);
+                r = Box::new(tokshuf_core::build::input::decode(&loc.file_name(), r, None, tokshuf_core::build::input::BUFFER)?.reader);
             }
             let mut out = Vec::new();
             r.read_to_end(&mut out).map_err(|e| storage::unwrap_io(&loc, e))?;

@@ -41,7 +41,7 @@ use super::place::Place;
 use super::plan::{self, ChunkPlan};
 use super::resume::{self, Start};
 use super::shard::{write_shard, ShardSpec};
-use super::stage1::{spill_name, summary_name, Stage1Config};
+use super::stage1::{self, spill_name, summary_name, Stage1Config};
 use super::steps::{self, Job};
 use super::BuildOptions;
 use crate::error::{Error, Result};
@@ -390,23 +390,39 @@ impl Steps {
     /// Every file's summary, and the stitched tails' (made now if no run made them yet).
     fn summaries(&self) -> Result<Vec<FileSummary>> {
         let n = self.recipe.inputs.len();
-        let mut summaries: Vec<FileSummary> = (0..n)
-            .map(|f| self.summary(f)?.ok_or_else(|| Error::Config(format!("stage 1 left file {f} unfinished"))))
-            .collect::<Result<_>>()?;
-        if self.recipe.stitches_tails() {
-            let stitched = match (self.summary(n)?, &self.work) {
-                (Some(s), _) => Some(s),
-                (None, Place::Dir(work)) => steps::stitch(&self.job(work), &self.cfg, &summaries)?,
-                (None, Place::Store { .. }) => {
-                    let scratch = self.work.scratch_dir()?;
-                    let s = steps::stitch(&self.job(scratch.path()), &self.cfg, &summaries)?;
-                    self.publish_work(scratch.path(), &spill_name(n))?;
-                    self.publish_work(scratch.path(), &summary_name(n))?;
-                    s
-                }
-            };
-            summaries.extend(stitched);
+        let mut summaries = Vec::with_capacity(n + 1);
+        // A file's tail goes to the stitch as its summary is read: the tails of many files
+        // are never held at once.
+        let mut load = |f: usize| -> Result<Vec<u32>> {
+            let mut s = self.summary(f)?.ok_or_else(|| steps::unfinished(f))?;
+            let tail = std::mem::take(&mut s.tail);
+            summaries.push(s);
+            Ok(tail)
+        };
+        let made = if self.recipe.stitches_tails() { self.summary(n)? } else { None };
+        if !self.recipe.stitches_tails() || made.is_some() {
+            for f in 0..n {
+                load(f)?;
+            }
+            summaries.extend(made);
+            return Ok(summaries);
         }
+        let scratch = match &self.work {
+            Place::Dir(_) => None,
+            Place::Store { .. } => Some(self.work.scratch_dir()?),
+        };
+        let work = match (&self.work, &scratch) {
+            (_, Some(s)) => s.path().to_path_buf(),
+            (Place::Dir(work), None) => work.clone(),
+            (Place::Store { .. }, None) => return Err(Error::Config("internal error: no scratch folder (please report)".into())),
+        };
+        let stitched = stage1::write_stitched(&self.cfg, &work, n, (0..n).map(&mut load))?;
+        testhook::point("stage1.stitched");
+        if scratch.is_some() {
+            self.publish_work(&work, &spill_name(n))?;
+            self.publish_work(&work, &summary_name(n))?;
+        }
+        summaries.push(stitched);
         Ok(summaries)
     }
 

@@ -14,14 +14,25 @@ use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor
 
 use crate::error::{Error, Result, SkipReason};
 
-/// Open an input file, choosing the decoder from its name. A decoding failure names the
-/// compressed byte offset the decoder had reached (within one read buffer of the damage).
-/// `listed`: the size the build listed it with; a file of another size when opened or read to
-/// its end changed since, and reading it fails (`changed`) rather than build from other data
-/// than the recipe records.
-pub fn open(path: &Path, listed: Option<u64>) -> Result<Box<dyn BufRead + Send>> {
+/// The read buffer of an input that a build reads alone (`open`'s `buffer`).
+pub const BUFFER: usize = 1 << 20;
+
+/// An opened input: its decoded bytes, and about how much memory its buffers and decoder hold
+/// once reading starts (zstd's window is the size its first frame declares), for a build that
+/// reads many files at once to count.
+pub struct Opened {
+    pub reader: Box<dyn BufRead + Send>,
+    pub memory: u64,
+}
+
+/// Open an input file, choosing the decoder from its name, read through a buffer of `buffer`
+/// bytes. A decoding failure names the compressed byte offset the decoder had reached (within
+/// one read buffer of the damage). `listed`: the size the build listed it with; a file of
+/// another size when opened or read to its end changed since, and reading it fails
+/// (`changed`) rather than build from other data than the recipe records.
+pub fn open(path: &Path, listed: Option<u64>, buffer: usize) -> Result<Opened> {
     if let Some(url) = path.to_str().filter(|s| crate::storage::Location::is_url(s)) {
-        return crate::storage::open_input(url, listed);
+        return crate::storage::open_input(url, listed, buffer);
     }
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
     let md = file.metadata().map_err(|e| Error::io(path, e))?;
@@ -34,11 +45,17 @@ pub fn open(path: &Path, listed: Option<u64>) -> Result<Box<dyn BufRead + Send>>
     // An empty file holds no lines whatever its name says (Python's gzip module agrees); only
     // a non-empty file must be a valid stream.
     if md.is_file() && md.len() == 0 {
-        return Ok(Box::new(BufReader::new(std::io::empty())));
+        return Ok(Opened::empty());
     }
     let pos = Arc::new(AtomicU64::new(0));
     let counted = Counting { inner: file, pos: pos.clone(), listed: listed.map(|n| (n, path.to_string_lossy().into_owned())) };
-    decode(&path.to_string_lossy(), Box::new(counted), Some((pos, md.len())))
+    decode(&path.to_string_lossy(), Box::new(counted), Some((pos, md.len())), buffer)
+}
+
+impl Opened {
+    pub fn empty() -> Self {
+        Opened { reader: Box::new(BufReader::new(std::io::empty())), memory: 0 }
+    }
 }
 
 /// The error of an input whose size is no longer the one the build listed it with.
@@ -56,19 +73,54 @@ pub fn changed(name: &str, listed: u64, now: u64) -> Error {
 /// is; a plain file that holds gzip or zstd data fails at its first read (it is not JSON, and
 /// one clear error beats a count of undecodable lines). `at`: the compressed position and
 /// size, for decoding errors to name.
-pub fn decode(name: &str, raw: Box<dyn Read + Send>, at: Option<(Arc<AtomicU64>, u64)>) -> Result<Box<dyn BufRead + Send>> {
-    const CAP: usize = 1 << 20;
-    let decoded: Box<dyn Read + Send> = if name.ends_with(".gz") {
-        Box::new(GzMembers::new(BufReader::new(raw)))
+pub fn decode(name: &str, raw: Box<dyn Read + Send>, at: Option<(Arc<AtomicU64>, u64)>, buffer: usize) -> Result<Opened> {
+    let (decoded, memory): (Box<dyn Read + Send>, u64) = if name.ends_with(".gz") {
+        (Box::new(GzMembers::new(BufReader::new(raw))), GZIP_MEMORY)
     } else if name.ends_with(".zst") || name.ends_with(".zstd") {
-        Box::new(zstd::stream::read::Decoder::new(raw).map_err(|e| Error::io(name, e))?)
+        let mut raw = BufReader::with_capacity(zstd::zstd_safe::DCtx::in_size(), raw);
+        // A read error here comes back at the decoder's first read, where it is reported.
+        let window = raw.fill_buf().ok().and_then(zstd_window).unwrap_or(ZSTD_MAX_WINDOW);
+        let decoder = zstd::stream::read::Decoder::with_buffer(raw).map_err(|e| Error::io(name, e))?;
+        (Box::new(decoder), window + ZSTD_MEMORY)
     } else {
-        return Ok(Box::new(NotCompressed { inner: BufReader::with_capacity(CAP, raw), checked: false }));
+        let reader = NotCompressed { inner: BufReader::with_capacity(buffer, raw), checked: false };
+        return Ok(Opened { reader: Box::new(reader), memory: buffer as u64 });
     };
-    Ok(match at {
-        Some((pos, size)) => Box::new(BufReader::with_capacity(CAP, ErrorAt { inner: decoded, pos, size })),
-        None => Box::new(BufReader::with_capacity(CAP, decoded)),
-    })
+    let reader: Box<dyn BufRead + Send> = match at {
+        Some((pos, size)) => Box::new(BufReader::with_capacity(buffer, ErrorAt { inner: decoded, pos, size })),
+        None => Box::new(BufReader::with_capacity(buffer, decoded)),
+    };
+    Ok(Opened { reader, memory: buffer as u64 + memory })
+}
+
+/// What a gzip decoder holds besides its window's 32 KiB: its state and input buffer.
+const GZIP_MEMORY: u64 = 64 << 10;
+/// What a zstd decoder holds besides its window: its context, input buffer and two blocks.
+const ZSTD_MEMORY: u64 = 512 << 10;
+/// The largest window zstd decodes without being told to (`ZSTD_WINDOWLOG_LIMIT_DEFAULT`).
+const ZSTD_MAX_WINDOW: u64 = 1 << 27;
+
+/// The window a zstd stream's first frame declares (RFC 8878, 3.1.1.1), from its first bytes;
+/// None if they are not a whole frame header (a skippable frame first, say).
+fn zstd_window(head: &[u8]) -> Option<u64> {
+    let magic = u32::from_le_bytes(head.get(..4)?.try_into().ok()?);
+    let fhd = *head.get(4)?;
+    if magic != 0xFD2F_B528 {
+        return None;
+    }
+    let (fcs_flag, single_segment, dict_flag) = (fhd >> 6, fhd & 0x20 != 0, fhd & 3);
+    if !single_segment {
+        let wd = *head.get(5)?;
+        let base = 1u64 << (10 + (wd >> 3));
+        return Some(base + base / 8 * (wd & 7) as u64);
+    }
+    // A single segment's window is its content size, which follows the dictionary id.
+    let at = 5 + [0, 1, 2, 4][dict_flag as usize];
+    let n = [1, 2, 4, 8][fcs_flag as usize];
+    let mut le = [0u8; 8];
+    le[..n].copy_from_slice(head.get(at..at + n)?);
+    let size = u64::from_le_bytes(le);
+    Some(if n == 2 { size + 256 } else { size })
 }
 
 /// The members of a gzip stream one after another. Zero bytes after a member (tape or block
@@ -528,14 +580,14 @@ mod tests {
             let p = dir.path().join(name);
             std::fs::write(&p, b"").unwrap();
             let mut out = Vec::new();
-            open(&p, None).unwrap().read_to_end(&mut out).unwrap();
+            open(&p, None, BUFFER).unwrap().reader.read_to_end(&mut out).unwrap();
             assert!(out.is_empty());
         }
         let payload: Vec<u8> = (0..2000).flat_map(|i| format!("{{\"text\": \"doc {i}\"}}\n").into_bytes()).collect();
         let z = zstd::encode_all(&payload[..], 3).unwrap();
         let p = dir.path().join("t.jsonl.zst");
         std::fs::write(&p, &z[..z.len() - 3]).unwrap();
-        let err = open(&p, None).unwrap().read_to_end(&mut Vec::new()).unwrap_err();
+        let err = open(&p, None, BUFFER).unwrap().reader.read_to_end(&mut Vec::new()).unwrap_err();
         assert!(err.to_string().contains(&format!("of {} compressed bytes", z.len() - 3)), "{err}");
     }
 
@@ -553,16 +605,50 @@ mod tests {
             std::fs::write(&p, &data).unwrap();
             let n = data.len() as u64;
             let mut out = Vec::new();
-            open(&p, Some(n)).unwrap().read_to_end(&mut out).unwrap();
+            open(&p, Some(n), BUFFER).unwrap().reader.read_to_end(&mut out).unwrap();
             assert_eq!(out, payload, "{name}: the listed size reads as ever");
-            let err = open(&p, Some(n + 1)).err().expect("another size at open");
+            let err = open(&p, Some(n + 1), BUFFER).err().expect("another size at open");
             assert!(err.to_string().contains(&format!("listed with {} bytes, {n} now", n + 1)), "{err}");
             // Grown after it was opened (an append: the same stream, then more).
-            let mut r = open(&p, Some(n)).unwrap();
+            let mut r = open(&p, Some(n), BUFFER).unwrap().reader;
             std::fs::OpenOptions::new().append(true).open(&p).unwrap().write_all(&data).unwrap();
             let err = r.read_to_end(&mut Vec::new()).unwrap_err();
             let inner = crate::storage::unwrap_io(&crate::storage::Location::Local(p.clone()), err);
             assert!(matches!(&inner, Error::Io { .. }) && inner.to_string().contains("changed while the build ran"), "{name}: {inner}");
         }
+    }
+
+    #[test]
+    fn an_opened_file_counts_its_decoders_window() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = b"{\"text\": \"hello\"}\n".repeat(1000);
+        let memory = |name: &str, bytes: &[u8]| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, bytes).unwrap();
+            let mut opened = open(&p, None, 4096).unwrap();
+            let mut out = Vec::new();
+            opened.reader.read_to_end(&mut out).unwrap();
+            assert_eq!(out, data, "{name}");
+            opened.memory
+        };
+        assert_eq!(memory("a.jsonl", &data), 4096);
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        std::io::Write::write_all(&mut gz, &data).unwrap();
+        assert_eq!(memory("a.jsonl.gz", &gz.finish().unwrap()), 4096 + GZIP_MEMORY);
+        // A stream of unknown size declares its window; one compressed whole, its size.
+        for log in [10, 17, 20, 23, 27] {
+            let mut z = zstd::stream::Encoder::new(Vec::new(), 3).unwrap();
+            z.window_log(log).unwrap();
+            std::io::Write::write_all(&mut z, &data).unwrap();
+            let bytes = z.finish().unwrap();
+            assert_eq!(zstd_window(&bytes), Some(1 << log));
+            assert_eq!(memory("a.jsonl.zst", &bytes), 4096 + ZSTD_MEMORY + (1 << log));
+        }
+        let whole = zstd::bulk::compress(&data, 3).unwrap();
+        assert_eq!(zstd_window(&whole), Some(data.len() as u64));
+        // A window of 1.25 MiB (exponent 10, mantissa 2), and headers that are not whole.
+        assert_eq!(zstd_window(&[0x28, 0xb5, 0x2f, 0xfd, 0x00, 10 << 3 | 2]), Some(5 << 18));
+        assert_eq!(zstd_window(&[0x28, 0xb5, 0x2f, 0xfd, 0x00]), None);
+        assert_eq!(zstd_window(&[0x50, 0x2a, 0x4d, 0x18, 0, 0, 0, 0]), None);
     }
 }

@@ -273,7 +273,7 @@ fn run_stage1(run: &mut Run<'_>) -> Result<Vec<format::FileSummary>> {
         progress.advance(1, inputs[file].bytes, s.num_tokens);
         Ok(())
     })?;
-    if let Some(s) = steps::stitch(&run.job, &run.cfg, &summaries)? {
+    if let Some(s) = steps::stitch(&run.job, &run.cfg)? {
         summaries.push(s);
     }
     run.timings.insert("tokenize_s", t.elapsed().as_secs_f64());

@@ -73,7 +73,7 @@ fn read_shard(cfg: &Stage1Config, path: &Path, file: usize, work: &Path, halted:
 }
 
 fn copy_members(cfg: &Stage1Config, path: &Path, file: usize, w: &mut FileWriter, halted: &dyn Fn() -> bool) -> Result<()> {
-    let stream = input::open(path, cfg.input_bytes.get(file).copied())?;
+    let stream = input::open(path, cfg.input_bytes.get(file).copied(), input::BUFFER)?.reader;
     let mut archive = tar::Archive::new(stream);
     let entries = archive.entries().map_err(|e| io_error(path, e, |e| Error::corrupt(path, format!("not a readable tar file: {e}"))))?;
     // A member far larger than a context's encoding is not one: refuse it before reading it.

@@ -147,6 +147,16 @@ pub struct Schedule {
     pub notify_every: u64,
     /// Bytes of input lines per tokenizer task (and per turn of a file).
     pub batch_bytes: usize,
+    /// Memory the open files' buffers and decoders (`input::Opened`), and best fit's windows,
+    /// may hold together: a file waits to be opened until it fits, unless no other file is open.
+    pub open_budget: u64,
+}
+
+impl Schedule {
+    /// The read and write buffers of each open file: 1 MiB shared by the files read at once.
+    fn buffer(&self) -> usize {
+        ((1usize << 20) / self.window.max(1)).max(64 << 10)
+    }
 }
 
 /// Tokenize `files` (indices into `paths`, ascending) and write their spills into `work`.
@@ -176,6 +186,7 @@ pub fn run(
     let stop = Arc::new(AtomicBool::new(false));
     let window = schedule.window.max(1);
     let batch_bytes = schedule.batch_bytes.max(1);
+    let buffer = schedule.buffer();
 
     let reader = {
         let paths: Vec<(usize, PathBuf)> = files.iter().map(|&f| (f, paths[f].clone())).collect();
@@ -216,20 +227,38 @@ pub fn run(
                 // Up to `window` files are open; each turn reads one batch of the first and
                 // puts it back at the end, so open files advance together.
                 let mut queue = paths.iter();
-                let mut open: std::collections::VecDeque<(usize, LineBatcher<Box<dyn std::io::BufRead + Send>>)> =
-                    std::collections::VecDeque::new();
+                let mut open: std::collections::VecDeque<(usize, u64, LineBatcher<_>)> = std::collections::VecDeque::new();
+                // The next file, opened but not read (its decoder holds little until then)
+                // while it does not fit beside the open ones; and what those hold.
+                let mut next: Option<(usize, input::Opened)> = None;
+                let mut held = 0u64;
+                // Best fit holds a window of documents per open file: counted as that many
+                // contexts (documents longer than one hold more).
+                let packing = cfg.pack_window.map_or(0, |w| (w * cfg.seqlen * 4) as u64);
                 loop {
                     while open.len() < window {
-                        let Some((file, path)) = queue.next() else { break };
-                        match input::open(path, cfg.input_bytes.get(*file).copied()) {
-                            Ok(r) => open.push_back((*file, LineBatcher::new(r, cfg.max_line))),
-                            Err(error) => {
-                                emit(Job::OpenError { error });
-                                return;
+                        let (file, opened) = match next.take() {
+                            Some(n) => n,
+                            None => {
+                                let Some((file, path)) = queue.next() else { break };
+                                match input::open(path, cfg.input_bytes.get(*file).copied(), buffer) {
+                                    Ok(opened) => (*file, opened),
+                                    Err(error) => {
+                                        emit(Job::OpenError { error });
+                                        return;
+                                    }
+                                }
                             }
+                        };
+                        let memory = opened.memory + packing;
+                        if !open.is_empty() && held + memory > schedule.open_budget {
+                            next = Some((file, opened));
+                            break;
                         }
+                        held += memory;
+                        open.push_back((file, memory, LineBatcher::new(opened.reader, cfg.max_line)));
                     }
-                    let Some((file, mut lines)) = open.pop_front() else { return };
+                    let Some((file, memory, mut lines)) = open.pop_front() else { return };
                     let (mut buf, mut ends) = (Vec::with_capacity(batch_bytes + 4096), Vec::new());
                     let first_line = lines.next_line;
                     match lines.fill(&mut buf, &mut ends, batch_bytes) {
@@ -237,14 +266,16 @@ pub fn run(
                             if !emit(Job::Lines { file, first_line, buf, ends }) {
                                 return;
                             }
-                            open.push_back((file, lines));
+                            open.push_back((file, memory, lines));
                         }
                         Ok(false) => {
+                            held -= memory;
                             if !emit(Job::FileEnd { file }) {
                                 return;
                             }
                         }
                         Err(error) => {
+                            held -= memory;
                             // Lines read before the failure in this batch are still good.
                             let line = lines.next_line;
                             if !ends.is_empty() && !emit(Job::Lines { file, first_line, buf, ends }) {
@@ -300,7 +331,7 @@ impl Consume<'_> {
         let (cfg, paths, work) = (self.cfg, self.paths, self.work);
         let mut pending: BTreeMap<u64, Done> = BTreeMap::new();
         let mut next = 0u64;
-        let buffer = ((1usize << 20) / self.schedule.window.max(1)).max(64 << 10);
+        let buffer = self.schedule.buffer();
         while files_left > 0 {
             if self.cancel.load(Ordering::Relaxed) {
                 return Err(Error::Interrupted);
@@ -658,11 +689,19 @@ impl FileWriter {
     }
 }
 
-/// Window an already-known id stream (the stitched tails) into a spill, padding the last one.
-pub fn write_stitched(cfg: &Stage1Config, work: &Path, file: usize, ids: &[u32]) -> Result<FileSummary> {
+/// Window the files' tails (`tails`, in file order) as one id stream into the spill of input
+/// `file`, padding the last context. The tails come one at a time: a build of many files would
+/// otherwise hold nearly a context of ids for each of them.
+pub fn write_stitched(
+    cfg: &Stage1Config,
+    work: &Path,
+    file: usize,
+    tails: impl IntoIterator<Item = Result<Vec<u32>>>,
+) -> Result<FileSummary> {
     let mut w = FileWriter::create(cfg, work, file, 1 << 20)?;
     let tmp = w.tmp.clone();
-    let r = w.absorb(cfg, "", Tokenized { ids: ids.to_vec(), ..Default::default() }).and_then(|_| w.finish(cfg, Tail::Pad, work, file));
+    let absorbed = tails.into_iter().try_for_each(|ids| w.absorb(cfg, "", Tokenized { ids: ids?, ..Default::default() }));
+    let r = absorbed.and_then(|_| w.finish(cfg, Tail::Pad, work, file));
     if r.is_err() {
         let _ = std::fs::remove_file(tmp);
     }
@@ -734,5 +773,45 @@ mod tests {
             }
             other => panic!("{:?}", other.map(|t| t.ids)),
         }
+    }
+
+    #[test]
+    fn files_wait_to_be_opened_until_their_decoders_fit() {
+        let dir = tempfile::tempdir().unwrap();
+        let line = b"{\"text\": \"abcdefgh\"}\n".repeat(200);
+        let paths: Vec<PathBuf> = (0..3)
+            .map(|f| {
+                let p = dir.path().join(format!("in{f}.jsonl.zst"));
+                let mut z = zstd::stream::Encoder::new(Vec::new(), 3).unwrap();
+                z.window_log(20).unwrap();
+                std::io::Write::write_all(&mut z, &line).unwrap();
+                std::fs::write(&p, z.finish().unwrap()).unwrap();
+                p
+            })
+            .collect();
+        let cfg = Arc::new(Stage1Config { input_names: (0..3).map(|f| format!("in{f}.jsonl.zst")).collect(), ..cfg(ErrorPolicy::Raise) });
+        let pool = Arc::new(rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap());
+        // The files' first contexts and their ends, in the order the consumer sees them.
+        let order = |open_budget: u64| {
+            let work = tempfile::tempdir().unwrap();
+            let mut seen = Vec::new();
+            let schedule = Schedule { window: 3, notify_every: 1, batch_bytes: 256, open_budget };
+            run(&cfg, &paths, &[0, 1, 2], work.path(), &pool, &Arc::default(), schedule, |ev| {
+                match ev {
+                    Event::Contexts { file, .. } if !seen.contains(&(file, "first")) => seen.push((file, "first")),
+                    Event::Done { file, .. } => seen.push((file, "done")),
+                    _ => {}
+                }
+                Ok(())
+            })
+            .unwrap();
+            seen
+        };
+        // Room for all three: they are read side by side.
+        let side_by_side = order(u64::MAX);
+        assert_eq!(side_by_side[..3], [(0, "first"), (1, "first"), (2, "first")]);
+        // Room for one 1 MiB window: one file after another.
+        let one_by_one = order(3 << 20);
+        assert_eq!(one_by_one, [(0, "first"), (0, "done"), (1, "first"), (1, "done"), (2, "first"), (2, "done")]);
     }
 }

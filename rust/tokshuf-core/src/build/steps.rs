@@ -122,7 +122,7 @@ pub fn summary(job: &Job, file: usize) -> Result<Option<FileSummary>> {
 
 /// Step 2: tokenize and window input files `files`, writing their spills and summaries.
 /// Files already done are skipped; `on_done` hears of each file finished now (an error from
-/// it stops stage 1). Returns the summaries of `files`, in order.
+/// it stops stage 1). Returns the summaries of `files`, in order, without their tails (`stitch` reads them back).
 pub fn stage1_files(
     job: &Job,
     cfg: &Arc<Stage1Config>,
@@ -135,13 +135,13 @@ pub fn stage1_files(
     let todo: Vec<usize> = files.iter().copied().filter(|&f| !stage1::summary_path(&job.work, f).exists()).collect();
     let mut fresh = HashMap::new();
     let mut record = |file: usize, summary: &FileSummary| {
-        fresh.insert(file, summary.clone());
+        fresh.insert(file, FileSummary { tail: Vec::new(), ..summary.clone() });
         on_done(file, summary)
     };
     match job.recipe.input_kind {
         InputKind::Shards => shards::run(cfg, &job.paths(), &todo, &job.work, pool, cancel, &mut record)?,
         InputKind::Jsonl => {
-            let schedule = Schedule { window: 1, notify_every: 0, batch_bytes: stage1::BATCH_BYTES };
+            let schedule = Schedule { window: 1, notify_every: 0, batch_bytes: stage1::BATCH_BYTES, open_budget: u64::MAX };
             stage1::run(cfg, &job.paths(), &todo, &job.work, pool, cancel, schedule, |ev| match ev {
                 stage1::Event::Done { file, summary, .. } => record(file, summary),
                 _ => Ok(()),
@@ -152,14 +152,16 @@ pub fn stage1_files(
         .iter()
         .map(|&f| match fresh.remove(&f) {
             Some(s) => Ok(s),
-            None => summary(job, f)?.ok_or_else(|| Error::Config(format!("stage 1 left file {f} unfinished"))),
+            None => Ok(FileSummary { tail: Vec::new(), ..summary(job, f)?.ok_or_else(|| unfinished(f))? }),
         })
         .collect()
 }
 
-/// Step 3: with tail "stitch", window the tails of all files (`summaries`, in file order) as
-/// one more file. None for the other tail policies.
-pub fn stitch(job: &Job, cfg: &Stage1Config, summaries: &[FileSummary]) -> Result<Option<FileSummary>> {
+/// Step 3: with tail "stitch", window the tails of all files as one more file (once: the
+/// summary of a stitch already made is returned). Each tail is read back from its file's
+/// summary when its turn comes (`stage1_files` returns summaries without them). None for
+/// the other tail policies.
+pub fn stitch(job: &Job, cfg: &Stage1Config) -> Result<Option<FileSummary>> {
     if !job.recipe.stitches_tails() {
         return Ok(None);
     }
@@ -167,10 +169,16 @@ pub fn stitch(job: &Job, cfg: &Stage1Config, summaries: &[FileSummary]) -> Resul
     if let Some(s) = summary(job, n)? {
         return Ok(Some(s));
     }
-    let ids: Vec<u32> = summaries.iter().flat_map(|s| s.tail.iter().copied()).collect();
-    let s = stage1::write_stitched(cfg, &job.work, n, &ids)?;
+    // Best fit leaves no tails: its last window is packed like any other.
+    let files = if cfg.pack_window.is_some() { 0..0 } else { 0..n };
+    let tails = files.map(|f| Ok(summary(job, f)?.ok_or_else(|| unfinished(f))?.tail));
+    let s = stage1::write_stitched(cfg, &job.work, n, tails)?;
     testhook::point("stage1.stitched");
     Ok(Some(s))
+}
+
+pub fn unfinished(file: usize) -> Error {
+    Error::Config(format!("stage 1 left file {file} unfinished"))
 }
 
 /// How stage 2 runs on this machine: never what it writes.

@@ -18,7 +18,8 @@ use crate::error::{Error, Result};
 use crate::format::{self, FileSummary, ManifestLine, Metadata, Status, Totals, META_NAME};
 use crate::testhook;
 
-/// Input files a streaming build reads side by side. Rounds of the chunk order past the first
+/// Input files a streaming build reads side by side, at most (fewer when their decoders'
+/// windows do not fit in half of `memory_limit`). Rounds of the chunk order past the first
 /// wait until every file has been opened, so corpora of more files stream less smoothly.
 const STREAM_WINDOW: usize = 64;
 /// Least time between two rewrites of tokshuf.json while a build streams.
@@ -96,7 +97,8 @@ impl Streamer<'_, '_> {
             if path.exists() {
                 let s: FileSummary = format::read_json(&path)?;
                 self.rr.set_final(f, s.num_contexts);
-                self.summaries[f] = Some(s);
+                // Tails stay on disk until `stitch` reads them back.
+                self.summaries[f] = Some(FileSummary { tail: Vec::new(), ..s });
             }
         }
         let todo: Vec<usize> = (0..nfiles).filter(|&f| self.summaries[f].is_none()).collect();
@@ -105,14 +107,16 @@ impl Streamer<'_, '_> {
         self.place()?;
         // Batches of about half a chunk of text (~4 bytes a token), so chunks appear steadily.
         let batch_bytes = (cs * recipe.seqlen as u64 * 2).clamp(64 << 10, stage1::BATCH_BYTES as u64) as usize;
-        let schedule = Schedule { window: STREAM_WINDOW.min(todo.len()).max(1), notify_every: cs, batch_bytes };
+        let window = STREAM_WINDOW.min(todo.len()).max(1);
+        // Stage 2 of a streaming build holds no cell ids: the open files' decoders get half the limit.
+        let schedule = Schedule { window, notify_every: cs, batch_bytes, open_budget: run.opts.memory_limit() / 2 };
         stage1::run(&run.cfg, &run.job.paths(), &todo, work, &run.pool, &run.cancel, schedule, |ev| self.on_event(ev))?;
         run.check_cancel()?;
         let real: Vec<FileSummary> = self.summaries[..nfiles]
             .iter()
             .map(|s| s.clone().ok_or_else(|| Error::Config("stage 1 ended with a file unfinished".into())))
             .collect::<Result<_>>()?;
-        let stitched = steps::stitch(&run.job, &run.cfg, &real)?;
+        let stitched = steps::stitch(&run.job, &run.cfg)?;
         self.tokenize_s = t.elapsed().as_secs_f64();
 
         // Every count is final now: the rest of the order, and the whole plan.
@@ -148,7 +152,7 @@ impl Streamer<'_, '_> {
             Event::Done { file, summary, .. } => {
                 self.live.remove(&file);
                 self.rr.set_final(file, summary.num_contexts);
-                self.summaries[file] = Some(summary.clone());
+                self.summaries[file] = Some(FileSummary { tail: Vec::new(), ..summary.clone() });
                 self.run.progress.advance(1, self.run.job.recipe.inputs[file].bytes, summary.num_tokens);
             }
             Event::Idle => {}

@@ -406,7 +406,7 @@ pub fn delete(loc: &Location) -> Result<()> {
 /// An input file named by URL, decoded by its name and buffered, as `input::open` does for
 /// local files. A failure of the store reaches the line reader as an I/O error wrapping the
 /// tokshuf error (`unwrap_io` gets it back), so it is never taken for a corrupt stream.
-pub fn open_input(url: &str, listed: Option<u64>) -> Result<Box<dyn std::io::BufRead + Send>> {
+pub fn open_input(url: &str, listed: Option<u64>, buffer: usize) -> Result<crate::build::input::Opened> {
     let loc = Location::parse(url)?;
     let Location::Remote(u) = &loc else {
         return Err(Error::Config(format!("{url}: not an object-store URL")));
@@ -419,9 +419,9 @@ pub fn open_input(url: &str, listed: Option<u64>) -> Result<Box<dyn std::io::Buf
     }
     // An empty object holds no lines whatever its name says (as for local files).
     if reader.is_empty() {
-        return Ok(Box::new(std::io::BufReader::new(std::io::empty())));
+        return Ok(crate::build::input::Opened::empty());
     }
-    crate::build::input::decode(&loc.file_name(), Box::new(reader), None)
+    crate::build::input::decode(&loc.file_name(), Box::new(reader), None, buffer)
 }
 
 /// The tokshuf error carried by an I/O error from `RemoteReader`, if it is one.
