@@ -207,10 +207,11 @@ impl Inner {
             if !md.is_file() || !name.starts_with("shard_") {
                 continue;
             }
-            if name.contains(".part.") {
-                // Another live process may be writing it; only ours are known dead. Files of
-                // dead processes are removed when their pid is not running.
-                if name.rsplit('.').next().and_then(|p| p.parse::<u32>().ok()).is_some_and(super::lease::gone) {
+            if let Some((_, writer)) = name.split_once(".part.") {
+                // Another live process may be writing it, on this machine or on another that
+                // shares the folder: only a process of this machine that is gone is known dead.
+                let writer = writer.split_once('.').and_then(|(_, w)| w.rsplit_once('-'));
+                if writer.is_some_and(|(host, pid)| pid.parse().is_ok_and(|pid| super::lease::gone_here(host, pid))) {
                     let _ = std::fs::remove_file(ent.path());
                 }
                 continue;
@@ -286,11 +287,12 @@ impl Inner {
     fn download(&self, want: &Want) -> Result<()> {
         let src = self.root.join(&want.name);
         let dest = self.dir.join(&want.name);
-        // Unique per download, the pid last (see `scan`): two caches of one process sharing the
-        // folder may fetch the same shard at once, and each renames its own file into place.
+        // Unique per download, the machine and pid last (see `scan`): two caches of one process
+        // sharing the folder may fetch the same shard at once, and each renames its own file
+        // into place.
         static DOWNLOADS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let k = DOWNLOADS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let tmp = self.dir.join(format!("{}.part.{k}.{}", want.name, std::process::id()));
+        let tmp = self.dir.join(format!("{}.part.{k}.{}-{}", want.name, super::lease::hostname(), std::process::id()));
         let result = (|| {
             let mut r = super::open(&src).map_err(|e| match e {
                 // The manifest lists it: a shard missing from the store is a damaged cache.
@@ -434,6 +436,27 @@ mod tests {
             assert!(matches!(e, Error::Corrupt { .. }), "{e:?}");
             assert_eq!(e.to_string().matches("shard_00000002.tar").count(), 1, "{e}");
         }
+    }
+
+    #[test]
+    fn only_downloads_of_gone_processes_of_this_machine_are_swept() {
+        let t = tempfile::tempdir().unwrap();
+        let (remote, local) = (t.path().join("remote"), t.path().join("local"));
+        let wants = numbered(&remote, 1, 100);
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let (host, me) = (crate::storage::lease::hostname(), std::process::id());
+        std::fs::create_dir_all(&local).unwrap();
+        let part = |writer: String| local.join(format!("shard_00000009.tar.part.0.{writer}"));
+        let names = [format!("{host}-{dead}"), format!("{host}-{me}"), format!("other-host.example-{dead}"), "junk".into()];
+        for w in &names {
+            std::fs::write(part(w.clone()), b"x").unwrap();
+        }
+        let cache = ShardCache::new(Location::Local(remote), local.clone(), 1 << 20, 1).unwrap();
+        cache.get(&wants[0]).unwrap(); // the first use scans the folder
+        let left: Vec<bool> = names.iter().map(|w| part(w.clone()).exists()).collect();
+        assert_eq!(left, [false, true, true, true]);
     }
 
     #[test]
