@@ -195,7 +195,7 @@ pub(crate) const COMPACT_THRESHOLD: usize = 1 << 16;
 /// unless `pair_rank[start]` still holds its rank. That check is exact: the pair starting
 /// at a symbol only ever grows, and a rank names one byte string, so a rank seen again
 /// means the same pair. Some 30 bytes of memory per byte of the piece.
-fn merge_linked(piece: &[u8], byte_ids: &[u32; 256], rank: impl Fn(&[u8]) -> Option<u32>, out: &mut Vec<u32>) {
+pub(crate) fn merge_linked(piece: &[u8], byte_ids: &[u32; 256], rank: impl Fn(&[u8]) -> Option<u32>, out: &mut Vec<u32>) {
     let n = piece.len();
     debug_assert!(n < u32::MAX as usize); // pieces come from one document line
     const NONE: u32 = u32::MAX;
@@ -257,7 +257,7 @@ fn merge_linked(piece: &[u8], byte_ids: &[u32; 256], rank: impl Fn(&[u8]) -> Opt
 /// a candidate is checked by looking up the rank of the bytes its pair spans now (what
 /// `merge_linked` keeps in `pair_rank`), and the ids at the end are the ranks of each
 /// symbol's bytes (what it keeps in `sym`), so the ids are the same.
-fn merge_compact(piece: &[u8], byte_ids: &[u32; 256], rank: impl Fn(&[u8]) -> Option<u32>, out: &mut Vec<u32>) {
+pub(crate) fn merge_compact(piece: &[u8], byte_ids: &[u32; 256], rank: impl Fn(&[u8]) -> Option<u32>, out: &mut Vec<u32>) {
     let n = piece.len();
     debug_assert!(n < u32::MAX as usize);
     let mut starts = Starts::new(n);
@@ -523,5 +523,68 @@ pub(crate) mod tests {
                 }
             }
         }
+    }
+
+    /// A line of /proc/self/status, in bytes.
+    fn status_bytes(field: &str) -> usize {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = status.lines().find(|l| l.starts_with(field)).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse::<usize>().unwrap() * 1024
+    }
+
+    /// Time and peak memory of `merge(variant, piece, out)` (variant "linked" or "compact") on
+    /// pieces of 16 MiB and 1 MiB of 'a', ' ', '1' and random lowercase letters, each case in
+    /// a fresh process: the test binary runs `test` again with `MERGE_CASE` set. Peak is the
+    /// rise of VmHWM over VmRSS just before the merge (the peak reset through clear_refs).
+    pub(crate) fn measure(test: &str, merge: impl Fn(&str, &[u8], &mut Vec<u32>)) {
+        let Ok(case) = std::env::var("MERGE_CASE") else {
+            for mib in [16, 1] {
+                for kind in ["a", "space", "1", "lower"] {
+                    for variant in ["linked", "compact"] {
+                        let run = std::process::Command::new(std::env::current_exe().unwrap())
+                            .args([test, "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+                            .env("MERGE_CASE", format!("{variant}:{kind}:{mib}"))
+                            .output()
+                            .unwrap();
+                        let text = String::from_utf8_lossy(&run.stdout);
+                        text.lines().filter_map(|l| l.find("RESULT").map(|at| &l[at..])).for_each(|l| println!("{l}"));
+                        assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+                    }
+                }
+            }
+            return;
+        };
+        let parts: Vec<&str> = case.split(':').collect();
+        let (variant, kind, mib) = (parts[0], parts[1], parts[2].parse::<usize>().unwrap());
+        let n = mib << 20;
+        let mut seed = 1u64;
+        let piece: Vec<u8> = match kind {
+            "a" => vec![b'a'; n],
+            "space" => vec![b' '; n],
+            "1" => vec![b'1'; n],
+            _ => (0..n)
+                .map(|_| {
+                    seed = crate::hash::mix64(seed + 1);
+                    b'a' + (seed % 26) as u8
+                })
+                .collect(),
+        };
+        let reps = if mib >= 16 { 1 } else { 3 };
+        let (mut best, mut peak, mut ids) = (f64::MAX, 0, 0);
+        for _ in 0..reps {
+            let mut out = Vec::new();
+            std::fs::write("/proc/self/clear_refs", "5").unwrap();
+            let before = status_bytes("VmRSS");
+            let t = std::time::Instant::now();
+            merge(variant, &piece, &mut out);
+            best = best.min(t.elapsed().as_secs_f64());
+            peak = peak.max(status_bytes("VmHWM").saturating_sub(before));
+            ids = out.len();
+        }
+        println!(
+            "RESULT {mib:>2} MiB {kind:<5} {variant:<7}: {best:7.3} s, peak +{:6.1} MiB = {:5.2} bytes/byte, {ids} ids",
+            peak as f64 / (1 << 20) as f64,
+            peak as f64 / n as f64
+        );
     }
 }

@@ -492,9 +492,7 @@ mod tests {
     /// with the merges of a real tokenizer.json.
     #[test]
     fn compact_equals_heap_with_real_merges() {
-        let bytes = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data/gpt-neox-20b.json")).unwrap();
-        let file: crate::tokenize::hf_json::TokenizerFile = serde_json::from_slice(&bytes).unwrap();
-        let bpe = MergeBpe::from_model(&BpeModel::parse(&file.model.unwrap()).unwrap(), false).unwrap();
+        let bpe = neox();
         assert!(bpe.ids_fit);
         for piece in crate::tokenize::bpe::tests::hard_pieces() {
             let (mut x, mut y, mut z) = (vec![7], vec![7], vec![7]);
@@ -506,6 +504,12 @@ mod tests {
                 assert_eq!(x, z, "{:?}", String::from_utf8_lossy(&piece));
             }
         }
+        // Above the threshold `merge` takes the compact path.
+        let piece: Vec<u8> = "ab 日本 1".bytes().cycle().take(COMPACT_THRESHOLD + 7).collect();
+        let (mut x, mut y) = (vec![], vec![]);
+        bpe.merge_heap(&piece, &mut x);
+        bpe.merge(&piece, &mut y);
+        assert_eq!(x, y);
     }
 
     #[test]
@@ -517,5 +521,23 @@ mod tests {
         let ids: Vec<u32> = out;
         assert_eq!(ids.len(), 3);
         assert_eq!(ids[1], bpe.byte_ids[b'a' as usize]);
+    }
+
+    /// The merges of tests/data/gpt-neox-20b.json.
+    fn neox() -> MergeBpe {
+        let bytes = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data/gpt-neox-20b.json")).unwrap();
+        let file: crate::tokenize::hf_json::TokenizerFile = serde_json::from_slice(&bytes).unwrap();
+        MergeBpe::from_model(&BpeModel::parse(&file.model.unwrap()).unwrap(), false).unwrap()
+    }
+
+    /// Run in release: `cargo test --release -p tokshuf-core --lib measure_long_hf_merges -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn measure_long_hf_merges() {
+        let bpe = neox();
+        crate::tokenize::bpe::tests::measure("tokenize::hfbpe::tests::measure_long_hf_merges", |variant, piece, out| match variant {
+            "linked" => bpe.merge_heap(piece, out),
+            _ => bpe.merge_compact(piece, out),
+        });
     }
 }
