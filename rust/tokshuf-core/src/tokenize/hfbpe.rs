@@ -361,9 +361,9 @@ impl MergeBpe {
 
     /// `merge_heap` for long pieces. It exists for memory: a hostile document line can be one
     /// pre-token of many MiB (one letter, digit or space repeated), and `merge_heap` keeps
-    /// some 36 bytes per byte of it. Here the merge keeps a copy of the piece, one bit per
+    /// some 29 bytes per byte of it. Here the merge keeps a copy of the piece, one bit per
     /// byte (which offsets start a symbol) and the heap (8 bytes a candidate, stale entries
-    /// dropped when it is full, see `Candidates`): about 10 bytes per byte at peak. The id of
+    /// dropped when it is full, see `Candidates`): about 9 bytes per byte at peak. The id of
     /// a symbol is that of its byte, or of its pair of bytes, or (3 bytes or more) is written
     /// over its first 3 bytes in the copy, so the ids are `merge_heap`'s, whatever the
     /// vocabulary; a candidate is checked by looking up the pair its start forms now.
