@@ -176,14 +176,26 @@ impl BytePairEncoder {
 
 /// tiktoken's merge (lowest rank of the merged bytes, leftmost first) in O(n log n), for
 /// any table of ranks: `rank` of a byte string that is a token, `byte_ids` of each byte
-/// (the ids of tiktoken's tokens are their ranks). Symbols form a linked list over byte
-/// offsets, candidate pairs sit in a min-heap keyed by `rank << 32 | start` (so the lowest
-/// rank wins, leftmost first), and a popped candidate is stale unless `pair_rank[start]`
-/// still holds its rank. That check is exact: the pair starting at a symbol only ever
-/// grows, and a rank names one byte string, so a rank seen again means the same pair. One
-/// `u64` per entry keeps the heap small; on a 1 MB piece the heap, not the lookups, is the
-/// cost, and its cache misses grow with its size.
+/// (the ids of tiktoken's tokens are their ranks). Candidate pairs sit in a min-heap keyed
+/// by `rank << 32 | start` (so the lowest rank wins, leftmost first). One `u64` per entry
+/// keeps the heap small; on a 1 MB piece the heap, not the lookups, is the cost, and its
+/// cache misses grow with its size.
 pub(crate) fn merge_heap(piece: &[u8], byte_ids: &[u32; 256], rank: impl Fn(&[u8]) -> Option<u32>, out: &mut Vec<u32>) {
+    if piece.len() > COMPACT_THRESHOLD {
+        merge_compact(piece, byte_ids, rank, out);
+    } else {
+        merge_linked(piece, byte_ids, rank, out);
+    }
+}
+
+/// Above this many bytes a piece is merged by `merge_compact` (and its twin in `hfbpe.rs`).
+pub(crate) const COMPACT_THRESHOLD: usize = 1 << 16;
+
+/// `merge_heap` with symbols in a linked list over byte offsets; a popped candidate is stale
+/// unless `pair_rank[start]` still holds its rank. That check is exact: the pair starting
+/// at a symbol only ever grows, and a rank names one byte string, so a rank seen again
+/// means the same pair. Some 25 bytes of memory per byte of the piece at peak.
+pub(crate) fn merge_linked(piece: &[u8], byte_ids: &[u32; 256], rank: impl Fn(&[u8]) -> Option<u32>, out: &mut Vec<u32>) {
     let n = piece.len();
     debug_assert!(n < u32::MAX as usize); // pieces come from one document line
     const NONE: u32 = u32::MAX;
@@ -236,8 +248,167 @@ pub(crate) fn merge_heap(piece: &[u8], byte_ids: &[u32; 256], rank: impl Fn(&[u8
     }
 }
 
+/// `merge_heap` for long pieces. It exists for memory: a hostile document line can be one
+/// pre-token of many MiB (one letter, digit or space repeated), and `merge_linked` keeps some
+/// 25 bytes per byte of it. Here the merge keeps one bit per byte (which offsets start a
+/// symbol) and the heap (8 bytes a candidate, its stale entries dropped when it is full):
+/// about 8 bytes per byte at peak (16 MiB of one letter: 8.1 against 24.6), at the price
+/// of one more lookup per candidate popped.
+/// Every symbol is a token, so the symbols beside an offset are a few words of bits away;
+/// a candidate is checked by looking up the rank of the bytes its pair spans now (what
+/// `merge_linked` keeps in `pair_rank`), and the ids at the end are the ranks of each
+/// symbol's bytes (what it keeps in `sym`), so the ids are the same.
+pub(crate) fn merge_compact(piece: &[u8], byte_ids: &[u32; 256], rank: impl Fn(&[u8]) -> Option<u32>, out: &mut Vec<u32>) {
+    let n = piece.len();
+    debug_assert!(n < u32::MAX as usize);
+    let mut starts = Starts::new(n);
+    // The rank of the pair starting at symbol s (ending at e), if it still is a pair.
+    let pair = |starts: &Starts, s: usize| -> Option<(u32, usize, usize)> {
+        if !starts.is(s) {
+            return None;
+        }
+        let m = starts.next(s);
+        if m == n {
+            return None;
+        }
+        let e = starts.next(m);
+        Some((rank(&piece[s..e])?, m, e))
+    };
+    let initial = (0..n - 1).filter(|&i| rank(&piece[i..i + 2]).is_some()).count();
+    let mut heap = Candidates::with_capacity(initial);
+    for i in 0..n - 1 {
+        if let Some(r) = rank(&piece[i..i + 2]) {
+            heap.push_initial(r, i);
+        }
+    }
+    heap.heapify();
+    while let Some((r, s)) = heap.pop() {
+        let Some((now, m, e)) = pair(&starts, s) else { continue };
+        if now != r {
+            continue;
+        }
+        starts.clear(m);
+        if e < n {
+            if let Some(r) = rank(&piece[s..starts.next(e)]) {
+                heap.push(r, s, |r, s| pair(&starts, s).is_some_and(|p| p.0 == r));
+            }
+        }
+        if s > 0 {
+            let p = starts.prev(s);
+            if let Some(r) = rank(&piece[p..e]) {
+                heap.push(r, p, |r, s| pair(&starts, s).is_some_and(|p| p.0 == r));
+            }
+        }
+    }
+    drop(heap);
+    out.reserve(starts.count() - 1);
+    let mut s = 0;
+    while s < n {
+        let e = starts.next(s);
+        out.push(if e - s == 1 { byte_ids[piece[s] as usize] } else { rank(&piece[s..e]).unwrap_or(u32::MAX) });
+        s = e;
+    }
+}
+
+/// The offsets of a piece of `n` bytes that start a symbol, one bit each, and `n` itself.
+pub(crate) struct Starts(Vec<u64>);
+
+impl Starts {
+    /// Every offset a start (single bytes).
+    pub(crate) fn new(n: usize) -> Starts {
+        let mut words = vec![u64::MAX; n / 64 + 1];
+        let last = n % 64;
+        if last < 63 {
+            words[n / 64] = (1u64 << (last + 1)) - 1;
+        }
+        Starts(words)
+    }
+
+    #[inline(always)]
+    pub(crate) fn is(&self, i: usize) -> bool {
+        self.0[i >> 6] >> (i & 63) & 1 != 0
+    }
+
+    #[inline(always)]
+    pub(crate) fn clear(&mut self, i: usize) {
+        self.0[i >> 6] &= !(1u64 << (i & 63));
+    }
+
+    /// The first start after `i` (`i` below `n`).
+    #[inline(always)]
+    pub(crate) fn next(&self, i: usize) -> usize {
+        let mut w = i >> 6;
+        let mut bits = self.0[w] & (!1u64 << (i & 63));
+        while bits == 0 {
+            w += 1;
+            bits = self.0[w];
+        }
+        w * 64 + bits.trailing_zeros() as usize
+    }
+
+    /// The last start before `i` (`i` above 0).
+    #[inline(always)]
+    pub(crate) fn prev(&self, i: usize) -> usize {
+        let mut w = i >> 6;
+        let mut bits = self.0[w] & ((1u64 << (i & 63)) - 1);
+        while bits == 0 {
+            w -= 1;
+            bits = self.0[w];
+        }
+        w * 64 + 63 - bits.leading_zeros() as usize
+    }
+
+    /// The number of starts, `n` included.
+    pub(crate) fn count(&self) -> usize {
+        self.0.iter().map(|w| w.count_ones() as usize).sum()
+    }
+}
+
+/// The candidate pairs of a compact merge: a min-heap of `rank << 32 | start` that never
+/// grows while stale entries can make room. When full, the entries that are stale now are
+/// dropped (a stale entry never matters: whenever a pair forms, its entry is pushed anew)
+/// and the heap rebuilt, O(len); it grows by half only if that frees less than 1/16 of it.
+/// Each merge adds at most one entry net, so after a rebuild that frees `f` slots at least
+/// `f` merges pass before the next: with `f` at least 1/16 of the heap, the rebuilds cost
+/// O(1) a merge.
+pub(crate) struct Candidates(Vec<Reverse<u64>>, BinaryHeap<Reverse<u64>>);
+
+impl Candidates {
+    pub(crate) fn with_capacity(initial: usize) -> Candidates {
+        Candidates(Vec::with_capacity(initial + initial / 16 + 1), BinaryHeap::new())
+    }
+
+    #[inline(always)]
+    pub(crate) fn push_initial(&mut self, rank: u32, at: usize) {
+        self.0.push(Reverse((rank as u64) << 32 | at as u64));
+    }
+
+    pub(crate) fn heapify(&mut self) {
+        self.1 = BinaryHeap::from(std::mem::take(&mut self.0));
+    }
+
+    #[inline(always)]
+    pub(crate) fn pop(&mut self) -> Option<(u32, usize)> {
+        self.1.pop().map(|Reverse(k)| ((k >> 32) as u32, (k & 0xFFFF_FFFF) as usize))
+    }
+
+    /// Add a candidate; `valid(rank, start)` says whether one is not stale.
+    #[inline(always)]
+    pub(crate) fn push(&mut self, rank: u32, at: usize, mut valid: impl FnMut(u32, usize) -> bool) {
+        let heap = &mut self.1;
+        if heap.len() == heap.capacity() {
+            heap.retain(|&Reverse(k)| valid((k >> 32) as u32, (k & 0xFFFF_FFFF) as usize));
+            let cap = heap.capacity();
+            if cap - heap.len() <= cap / 16 {
+                heap.reserve_exact(cap / 2 + 1);
+            }
+        }
+        heap.push(Reverse((rank as u64) << 32 | at as u64));
+    }
+}
+
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -268,10 +439,153 @@ mod tests {
                     b"abc"[(seed % 3) as usize]
                 })
                 .collect();
-            let (mut a, mut b) = (vec![], vec![]);
+            let (mut a, mut b, mut c) = (vec![], vec![], vec![]);
             enc.merge_scan(&piece, &mut a);
-            enc.merge_heap(&piece, &mut b);
+            merge_linked(&piece, &enc.byte_ranks, |b| enc.rank(b), &mut b);
+            merge_compact(&piece, &enc.byte_ranks, |b| enc.rank(b), &mut c);
             assert_eq!(a, b, "{}", String::from_utf8_lossy(&piece));
+            assert_eq!(a, c, "{}", String::from_utf8_lossy(&piece));
         }
+    }
+
+    /// Pieces where a merge's bookkeeping can slip: runs of one byte of every length up to
+    /// 200 and some longer, repeated patterns (multi-byte characters too) cut at every
+    /// offset, random bytes, random text from small alphabets.
+    pub(crate) fn hard_pieces() -> Vec<Vec<u8>> {
+        let mut pieces = Vec::new();
+        for b in [b'a', b'1', b' ', b'\n', b'z', 0xE2] {
+            for len in (2..=200).chain([255, 256, 257, 1000, 4099]) {
+                pieces.push(vec![b; len]);
+            }
+        }
+        for pat in ["ab", "abc", "ab ", "aab", "é", "日本", "🙂", " \n", "12"] {
+            for len in (2..=40).chain([511, 2048, 3001]) {
+                pieces.push(pat.bytes().cycle().take(len).collect());
+            }
+        }
+        let mut seed = 11u64;
+        let mut random = |alphabet: &[u8], len: usize| -> Vec<u8> {
+            (0..len)
+                .map(|_| {
+                    seed = crate::hash::mix64(seed + 1);
+                    alphabet[(seed % alphabet.len() as u64) as usize]
+                })
+                .collect()
+        };
+        let bytes: Vec<u8> = (0..=255).collect();
+        for len in [2, 3, 17, 300, 2000] {
+            pieces.push(random(&bytes, len));
+            pieces.push(random(b"abcdefghijklmnopqrstuvwxyz", len));
+            pieces.push(random(b"ab c\n", len));
+            pieces.push(random(b"aaab", len));
+            pieces.push(random(b" \n", len));
+        }
+        pieces
+    }
+
+    /// The compact merge gives the linked merge's ids (and, where short enough, the scan's)
+    /// with the ranks of two tiktoken encodings.
+    #[test]
+    fn compact_equals_linked_with_real_ranks() {
+        for data in [
+            &include_bytes!(concat!(env!("OUT_DIR"), "/cl100k_base.tokens"))[..],
+            &include_bytes!(concat!(env!("OUT_DIR"), "/r50k_base.tokens"))[..],
+        ] {
+            let enc = BytePairEncoder::new(ranks_of(&parse_embedded(data))).unwrap();
+            for piece in hard_pieces() {
+                let (mut a, mut b, mut c) = (vec![7], vec![7], vec![7]);
+                merge_linked(&piece, &enc.byte_ranks, |b| enc.rank(b), &mut a);
+                merge_compact(&piece, &enc.byte_ranks, |b| enc.rank(b), &mut b);
+                assert_eq!(a, b, "{:?}", String::from_utf8_lossy(&piece));
+                if piece.len() <= 300 {
+                    enc.merge_scan(&piece, &mut c);
+                    assert_eq!(a, c, "{:?}", String::from_utf8_lossy(&piece));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn starts_find_their_neighbours() {
+        for n in [1, 62, 63, 64, 65, 200] {
+            let mut starts = Starts::new(n);
+            assert_eq!(starts.count(), n + 1);
+            // Keep the offsets that are multiples of 3 (and n).
+            for i in (0..n).filter(|i| i % 3 != 0) {
+                starts.clear(i);
+            }
+            let kept: Vec<usize> = (0..n).filter(|i| i % 3 == 0).chain([n]).collect();
+            assert_eq!(starts.count(), kept.len());
+            for i in 0..n {
+                assert_eq!(starts.is(i), i % 3 == 0);
+                assert_eq!(starts.next(i), *kept.iter().find(|&&k| k > i).unwrap(), "{n} {i}");
+                if i > 0 {
+                    assert_eq!(starts.prev(i), *kept.iter().rev().find(|&&k| k < i).unwrap(), "{n} {i}");
+                }
+            }
+        }
+    }
+
+    /// A line of /proc/self/status, in bytes.
+    fn status_bytes(field: &str) -> usize {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = status.lines().find(|l| l.starts_with(field)).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse::<usize>().unwrap() * 1024
+    }
+
+    /// Time and peak memory of `merge(variant, piece, out)` (variant "linked" or "compact") on
+    /// pieces of 16 MiB and 1 MiB of 'a', ' ', '1' and random lowercase letters, each case in
+    /// a fresh process: the test binary runs `test` again with `MERGE_CASE` set. Peak is the
+    /// rise of VmHWM over VmRSS just before the merge (the peak reset through clear_refs).
+    pub(crate) fn measure(test: &str, merge: impl Fn(&str, &[u8], &mut Vec<u32>)) {
+        let Ok(case) = std::env::var("MERGE_CASE") else {
+            for mib in [16, 1] {
+                for kind in ["a", "space", "1", "lower"] {
+                    for variant in ["linked", "compact"] {
+                        let run = std::process::Command::new(std::env::current_exe().unwrap())
+                            .args([test, "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+                            .env("MERGE_CASE", format!("{variant}:{kind}:{mib}"))
+                            .output()
+                            .unwrap();
+                        let text = String::from_utf8_lossy(&run.stdout);
+                        text.lines().filter_map(|l| l.find("RESULT").map(|at| &l[at..])).for_each(|l| println!("{l}"));
+                        assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+                    }
+                }
+            }
+            return;
+        };
+        let parts: Vec<&str> = case.split(':').collect();
+        let (variant, kind, mib) = (parts[0], parts[1], parts[2].parse::<usize>().unwrap());
+        let n = mib << 20;
+        let mut seed = 1u64;
+        let piece: Vec<u8> = match kind {
+            "a" => vec![b'a'; n],
+            "space" => vec![b' '; n],
+            "1" => vec![b'1'; n],
+            _ => (0..n)
+                .map(|_| {
+                    seed = crate::hash::mix64(seed + 1);
+                    b'a' + (seed % 26) as u8
+                })
+                .collect(),
+        };
+        let reps = if mib >= 16 { 1 } else { 3 };
+        let (mut best, mut peak, mut ids) = (f64::MAX, 0, 0);
+        for _ in 0..reps {
+            let mut out = Vec::new();
+            std::fs::write("/proc/self/clear_refs", "5").unwrap();
+            let before = status_bytes("VmRSS");
+            let t = std::time::Instant::now();
+            merge(variant, &piece, &mut out);
+            best = best.min(t.elapsed().as_secs_f64());
+            peak = peak.max(status_bytes("VmHWM").saturating_sub(before));
+            ids = out.len();
+        }
+        println!(
+            "RESULT {mib:>2} MiB {kind:<5} {variant:<7}: {best:7.3} s, peak +{:6.1} MiB = {:5.2} bytes/byte, {ids} ids",
+            peak as f64 / (1 << 20) as f64,
+            peak as f64 / n as f64
+        );
     }
 }

@@ -18,6 +18,7 @@ use std::collections::BinaryHeap;
 
 use rustc_hash::FxHashMap;
 
+use crate::tokenize::bpe::{Candidates, Starts, COMPACT_THRESHOLD};
 use crate::tokenize::hf_json::{BpeModel, Merge, Vocab};
 use crate::tokenize::pair_table::PairTable;
 use crate::tokenize::side_by_side;
@@ -124,6 +125,8 @@ pub struct MergeBpe {
     byte_pairs: Box<[(u32, u32)]>,
     merges: PairTable,
     whole: Whole,
+    /// Every merged id is below 2^24, as `merge_compact` needs.
+    ids_fit: bool,
 }
 
 impl MergeBpe {
@@ -148,17 +151,19 @@ impl MergeBpe {
         let (rest, (ids, (bytes, spans))) =
             side_by_side(|| merge_ids(vocab, second), || (merge_ids(vocab, first), token_bytes(vocab, &alphabet)));
         let mut merges = PairTable::with_capacity(model.merges.len());
+        let mut ids_fit = true;
         for (rank, [a, b, merged]) in ids?.into_iter().chain(rest?).enumerate() {
             // Later duplicates win, as in `tokenizers` (it collects into a map in order).
             merges.insert(a, b, rank as u32, merged);
+            ids_fit &= merged < 1 << 24;
         }
         let decoded = spans.iter().map(|&(s, e, id)| (&bytes[s..e], id));
         let bpe = if ignore_merges {
-            MergeBpe::assemble(byte_ids, merges, Whole::tokens(decoded))
+            MergeBpe::assemble(byte_ids, merges, Whole::tokens(decoded), ids_fit)
         } else {
             // A token is its own encoding when its merge ends in it; those of up to 15 bytes
             // (most pieces) then need no merging, as if `ignore_merges` were set.
-            let bpe = MergeBpe::assemble(byte_ids, merges, Whole::Never);
+            let bpe = MergeBpe::assemble(byte_ids, merges, Whole::Never, ids_fit);
             let short: Vec<(&[u8], u32)> = decoded.filter(|(b, _)| (1..=MAX_LEN).contains(&b.len())).collect();
             let (first, second) = short.split_at(short.len() / 2);
             let (rest, mut own) = side_by_side(|| bpe.own_encodings(second), || bpe.own_encodings(first));
@@ -182,7 +187,7 @@ impl MergeBpe {
             .collect()
     }
 
-    fn assemble(byte_ids: [u32; 256], merges: PairTable, whole: Whole) -> MergeBpe {
+    fn assemble(byte_ids: [u32; 256], merges: PairTable, whole: Whole, ids_fit: bool) -> MergeBpe {
         let mut byte_pairs = vec![NO_PAIR; 256 * 256].into_boxed_slice();
         for a in 0..256 {
             for b in 0..256 {
@@ -193,7 +198,7 @@ impl MergeBpe {
                 }
             }
         }
-        MergeBpe { byte_ids, byte_pairs, merges, whole }
+        MergeBpe { byte_ids, byte_pairs, merges, whole, ids_fit }
     }
 
     #[inline]
@@ -227,6 +232,8 @@ impl MergeBpe {
             out.push(self.byte_ids[piece[0] as usize]);
         } else if piece.len() <= HEAP_THRESHOLD {
             self.merge_scan(piece, out);
+        } else if piece.len() > COMPACT_THRESHOLD && self.ids_fit {
+            self.merge_compact(piece, out);
         } else {
             self.merge_heap(piece, out);
         }
@@ -351,6 +358,80 @@ impl MergeBpe {
             p = next[p] as usize;
         }
     }
+
+    /// `merge_heap` for long pieces. It exists for memory: a hostile document line can be one
+    /// pre-token of many MiB (one letter, digit or space repeated), and `merge_heap` keeps
+    /// some 29 bytes per byte of it. Here the merge keeps a copy of the piece, one bit per
+    /// byte (which offsets start a symbol) and the heap (8 bytes a candidate, stale entries
+    /// dropped when it is full, see `Candidates`): about 9 bytes per byte at peak. The id of
+    /// a symbol is that of its byte, or of its pair of bytes, or (3 bytes or more) is written
+    /// over its first 3 bytes in the copy, so the ids are `merge_heap`'s, whatever the
+    /// vocabulary; a candidate is checked by looking up the pair its start forms now.
+    fn merge_compact(&self, piece: &[u8], out: &mut Vec<u32>) {
+        let n = piece.len();
+        debug_assert!(n >= 2 && n < u32::MAX as usize && self.ids_fit);
+        let mut buf = piece.to_vec();
+        let mut starts = Starts::new(n);
+        let id = |buf: &[u8], s: usize, e: usize| -> u32 {
+            match e - s {
+                1 => self.byte_ids[buf[s] as usize],
+                2 => self.byte_pairs[(buf[s] as usize) << 8 | buf[s + 1] as usize].1,
+                _ => u32::from_le_bytes([buf[s], buf[s + 1], buf[s + 2], 0]),
+            }
+        };
+        // (rank, merged id, start of the right symbol, its end) of the pair at symbol s.
+        let pair = |buf: &[u8], starts: &Starts, s: usize| -> Option<(u32, u32, usize, usize)> {
+            if !starts.is(s) {
+                return None;
+            }
+            let m = starts.next(s);
+            if m == n {
+                return None;
+            }
+            let e = starts.next(m);
+            let (r, merged) = self.pair(id(buf, s, m), id(buf, m, e))?;
+            Some((r, merged, m, e))
+        };
+        let byte_pair = |i: usize| self.byte_pairs[(piece[i] as usize) << 8 | piece[i + 1] as usize].0;
+        let initial = (0..n - 1).filter(|&i| byte_pair(i) != u32::MAX).count();
+        let mut heap = Candidates::with_capacity(initial);
+        for i in 0..n - 1 {
+            let r = byte_pair(i);
+            if r != u32::MAX {
+                heap.push_initial(r, i);
+            }
+        }
+        heap.heapify();
+        while let Some((r, s)) = heap.pop() {
+            let Some((now, merged, m, e)) = pair(&buf, &starts, s) else { continue };
+            if now != r {
+                continue;
+            }
+            starts.clear(m);
+            if e - s >= 3 {
+                buf[s..s + 3].copy_from_slice(&merged.to_le_bytes()[..3]);
+            }
+            if e < n {
+                if let Some((r, _)) = self.pair(merged, id(&buf, e, starts.next(e))) {
+                    heap.push(r, s, |r, s| pair(&buf, &starts, s).is_some_and(|p| p.0 == r));
+                }
+            }
+            if s > 0 {
+                let p = starts.prev(s);
+                if let Some((r, _)) = self.pair(id(&buf, p, s), merged) {
+                    heap.push(r, p, |r, s| pair(&buf, &starts, s).is_some_and(|p| p.0 == r));
+                }
+            }
+        }
+        drop(heap);
+        out.reserve(starts.count() - 1);
+        let mut s = 0;
+        while s < n {
+            let e = starts.next(s);
+            out.push(id(&buf, s, e));
+            s = e;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -391,11 +472,44 @@ mod tests {
         let mut seed = 3u64;
         for len in 2..=HEAP_THRESHOLD {
             let piece = random_abc(&mut seed, len);
-            let (mut x, mut y) = (vec![], vec![]);
+            let (mut x, mut y, mut z) = (vec![], vec![], vec![]);
             bpe.merge_scan(&piece, &mut x);
             bpe.merge_heap(&piece, &mut y);
+            bpe.merge_compact(&piece, &mut z);
             assert_eq!(x, y, "{}", String::from_utf8_lossy(&piece));
+            assert_eq!(x, z, "{}", String::from_utf8_lossy(&piece));
         }
+        for len in [100, 1000, 5000] {
+            let piece = random_abc(&mut seed, len);
+            let (mut y, mut z) = (vec![], vec![]);
+            bpe.merge_heap(&piece, &mut y);
+            bpe.merge_compact(&piece, &mut z);
+            assert_eq!(y, z, "{}", String::from_utf8_lossy(&piece));
+        }
+    }
+
+    /// The compact merge gives the heap merge's ids (and, where short enough, the scan's)
+    /// with the merges of a real tokenizer.json.
+    #[test]
+    fn compact_equals_heap_with_real_merges() {
+        let bpe = neox();
+        assert!(bpe.ids_fit);
+        for piece in crate::tokenize::bpe::tests::hard_pieces() {
+            let (mut x, mut y, mut z) = (vec![7], vec![7], vec![7]);
+            bpe.merge_heap(&piece, &mut x);
+            bpe.merge_compact(&piece, &mut y);
+            assert_eq!(x, y, "{:?}", String::from_utf8_lossy(&piece));
+            if piece.len() <= HEAP_THRESHOLD {
+                bpe.merge_scan(&piece, &mut z);
+                assert_eq!(x, z, "{:?}", String::from_utf8_lossy(&piece));
+            }
+        }
+        // Above the threshold `merge` takes the compact path.
+        let piece: Vec<u8> = "ab 日本 1".bytes().cycle().take(COMPACT_THRESHOLD + 7).collect();
+        let (mut x, mut y) = (vec![], vec![]);
+        bpe.merge_heap(&piece, &mut x);
+        bpe.merge(&piece, &mut y);
+        assert_eq!(x, y);
     }
 
     #[test]
@@ -407,5 +521,23 @@ mod tests {
         let ids: Vec<u32> = out;
         assert_eq!(ids.len(), 3);
         assert_eq!(ids[1], bpe.byte_ids[b'a' as usize]);
+    }
+
+    /// The merges of tests/data/gpt-neox-20b.json.
+    fn neox() -> MergeBpe {
+        let bytes = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data/gpt-neox-20b.json")).unwrap();
+        let file: crate::tokenize::hf_json::TokenizerFile = serde_json::from_slice(&bytes).unwrap();
+        MergeBpe::from_model(&BpeModel::parse(&file.model.unwrap()).unwrap(), false).unwrap()
+    }
+
+    /// Run in release: `cargo test --release -p tokshuf-core --lib measure_long_hf_merges -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn measure_long_hf_merges() {
+        let bpe = neox();
+        crate::tokenize::bpe::tests::measure("tokenize::hfbpe::tests::measure_long_hf_merges", |variant, piece, out| match variant {
+            "linked" => bpe.merge_heap(piece, out),
+            _ => bpe.merge_compact(piece, out),
+        });
     }
 }

@@ -164,7 +164,7 @@ impl RankBpe {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokenize::bpe::{parse_embedded, ranks_of, BytePairEncoder};
+    use crate::tokenize::bpe::{merge_compact, merge_linked, parse_embedded, ranks_of, BytePairEncoder};
 
     /// Every byte, then `tokens` ranked in order after them, as `build.rs` embeds a list.
     fn token_list(tokens: &[&str]) -> TokenList {
@@ -220,5 +220,16 @@ mod tests {
     fn a_missing_byte_is_an_error() {
         let list = parse_embedded(&[1, b'a']);
         assert_eq!(RankBpe::new(&list).err().unwrap(), "vocabulary lacks the single byte 0x00");
+    }
+
+    /// Run in release: `cargo test --release -p tokshuf-core --lib measure_long_rank_merges -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn measure_long_rank_merges() {
+        let bpe = RankBpe::new(&parse_embedded(include_bytes!(concat!(env!("OUT_DIR"), "/cl100k_base.tokens")))).unwrap();
+        crate::tokenize::bpe::tests::measure("tokenize::rank_bpe::tests::measure_long_rank_merges", |variant, piece, out| match variant {
+            "linked" => merge_linked(piece, &bpe.byte_ids, |b| bpe.rank(b), out),
+            _ => merge_compact(piece, &bpe.byte_ids, |b| bpe.rank(b), out),
+        });
     }
 }
