@@ -263,9 +263,12 @@ def test_whitespace_runs_of_every_length(spec):
 
 @pytest.mark.parametrize("spec", ALL_SPECS, ids=spec_id)
 def test_memo_and_merge_boundaries_equal_reference(spec):
-    # Past the memo (16 bytes) and the stack merge (64 bytes): the heap merge.
-    texts = ["a" * n for n in (15, 16, 17, 63, 64, 65, 300, 5000)]
+    # Past the memo (16 bytes) and the stack merge (64 bytes): the heap merge; past 64 KiB,
+    # the compact merge of hostile one-pretoken lines.
+    texts = ["a" * n for n in (15, 16, 17, 63, 64, 65, 300, 5000, 70_000)]
     texts += ["abracadabra" * 40, "x" + "-=" * 700, "\u4e2d\u6587" * 300, "😀" * 200, "1234567890" * 50]
+    letters = "".join("etaoinshrdlucmfwypvbgkjqxz"[(i * i + 7 * i) % 26] for i in range(70_000))
+    texts += [letters, "\xe9" * 34_000, " " * 70_000 + "x"]
     assert_same(fast(spec).encode_batch(texts), tokref.reference_encode_batch(spec, texts), texts, spec)
 
 
