@@ -264,24 +264,10 @@ pub(crate) fn merge_compact(piece: &[u8], byte_ids: &[u32; 256], rank: impl Fn(&
     let mut starts = Starts::new(n);
     // The rank of the pair starting at symbol s (ending at e), if it still is a pair.
     let pair = |starts: &Starts, s: usize| -> Option<(u32, usize, usize)> {
-        if !starts.is(s) {
-            return None;
-        }
-        let m = starts.next(s);
-        if m == n {
-            return None;
-        }
-        let e = starts.next(m);
+        let (m, e) = starts.right_of(s)?;
         Some((rank(&piece[s..e])?, m, e))
     };
-    let initial = (0..n - 1).filter(|&i| rank(&piece[i..i + 2]).is_some()).count();
-    let mut heap = Candidates::with_capacity(initial);
-    for i in 0..n - 1 {
-        if let Some(r) = rank(&piece[i..i + 2]) {
-            heap.push_initial(r, i);
-        }
-    }
-    heap.heapify();
+    let mut heap = Candidates::initial(n - 1, |i| rank(&piece[i..i + 2]));
     while let Some((r, s)) = heap.pop() {
         let Some((now, m, e)) = pair(&starts, s) else { continue };
         if now != r {
@@ -311,7 +297,7 @@ pub(crate) fn merge_compact(piece: &[u8], byte_ids: &[u32; 256], rank: impl Fn(&
 }
 
 /// The offsets of a piece of `n` bytes that start a symbol, one bit each, and `n` itself.
-pub(crate) struct Starts(Vec<u64>);
+pub(crate) struct Starts(Vec<u64>, usize);
 
 impl Starts {
     /// Every offset a start (single bytes).
@@ -321,7 +307,18 @@ impl Starts {
         if last < 63 {
             words[n / 64] = (1u64 << (last + 1)) - 1;
         }
-        Starts(words)
+        Starts(words, n)
+    }
+
+    /// The symbol after the one starting at `s`, as (start, end), if `s` starts one and it
+    /// is not the last.
+    #[inline(always)]
+    pub(crate) fn right_of(&self, s: usize) -> Option<(usize, usize)> {
+        if !self.is(s) {
+            return None;
+        }
+        let m = self.next(s);
+        (m < self.1).then(|| (m, self.next(m)))
     }
 
     #[inline(always)]
@@ -371,31 +368,26 @@ impl Starts {
 /// Each merge adds at most one entry net, so after a rebuild that frees `f` slots at least
 /// `f` merges pass before the next: with `f` at least 1/16 of the heap, the rebuilds cost
 /// O(1) a merge.
-pub(crate) struct Candidates(Vec<Reverse<u64>>, BinaryHeap<Reverse<u64>>);
+pub(crate) struct Candidates(BinaryHeap<Reverse<u64>>);
 
 impl Candidates {
-    pub(crate) fn with_capacity(initial: usize) -> Candidates {
-        Candidates(Vec::with_capacity(initial + initial / 16 + 1), BinaryHeap::new())
-    }
-
-    #[inline(always)]
-    pub(crate) fn push_initial(&mut self, rank: u32, at: usize) {
-        self.0.push(Reverse((rank as u64) << 32 | at as u64));
-    }
-
-    pub(crate) fn heapify(&mut self) {
-        self.1 = BinaryHeap::from(std::mem::take(&mut self.0));
+    /// The pairs at offsets `0..pairs` that `rank_at` gives a rank.
+    pub(crate) fn initial(pairs: usize, rank_at: impl Fn(usize) -> Option<u32>) -> Candidates {
+        let count = (0..pairs).filter(|&i| rank_at(i).is_some()).count();
+        let mut v = Vec::with_capacity(count + count / 16 + 1);
+        v.extend((0..pairs).filter_map(|i| rank_at(i).map(|r| Reverse((r as u64) << 32 | i as u64))));
+        Candidates(BinaryHeap::from(v))
     }
 
     #[inline(always)]
     pub(crate) fn pop(&mut self) -> Option<(u32, usize)> {
-        self.1.pop().map(|Reverse(k)| ((k >> 32) as u32, (k & 0xFFFF_FFFF) as usize))
+        self.0.pop().map(|Reverse(k)| ((k >> 32) as u32, (k & 0xFFFF_FFFF) as usize))
     }
 
     /// Add a candidate; `valid(rank, start)` says whether one is not stale.
     #[inline(always)]
     pub(crate) fn push(&mut self, rank: u32, at: usize, mut valid: impl FnMut(u32, usize) -> bool) {
-        let heap = &mut self.1;
+        let heap = &mut self.0;
         if heap.len() == heap.capacity() {
             heap.retain(|&Reverse(k)| valid((k >> 32) as u32, (k & 0xFFFF_FFFF) as usize));
             let cap = heap.capacity();

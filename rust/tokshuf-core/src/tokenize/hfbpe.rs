@@ -381,27 +381,12 @@ impl MergeBpe {
         };
         // (rank, merged id, start of the right symbol, its end) of the pair at symbol s.
         let pair = |buf: &[u8], starts: &Starts, s: usize| -> Option<(u32, u32, usize, usize)> {
-            if !starts.is(s) {
-                return None;
-            }
-            let m = starts.next(s);
-            if m == n {
-                return None;
-            }
-            let e = starts.next(m);
+            let (m, e) = starts.right_of(s)?;
             let (r, merged) = self.pair(id(buf, s, m), id(buf, m, e))?;
             Some((r, merged, m, e))
         };
-        let byte_pair = |i: usize| self.byte_pairs[(piece[i] as usize) << 8 | piece[i + 1] as usize].0;
-        let initial = (0..n - 1).filter(|&i| byte_pair(i) != u32::MAX).count();
-        let mut heap = Candidates::with_capacity(initial);
-        for i in 0..n - 1 {
-            let r = byte_pair(i);
-            if r != u32::MAX {
-                heap.push_initial(r, i);
-            }
-        }
-        heap.heapify();
+        let byte_pair = |i: usize| Some(self.byte_pairs[(piece[i] as usize) << 8 | piece[i + 1] as usize].0).filter(|&r| r != u32::MAX);
+        let mut heap = Candidates::initial(n - 1, byte_pair);
         while let Some((r, s)) = heap.pop() {
             let Some((now, merged, m, e)) = pair(&buf, &starts, s) else { continue };
             if now != r {
