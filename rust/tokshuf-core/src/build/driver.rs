@@ -407,14 +407,13 @@ impl Steps {
             summaries.extend(made);
             return Ok(summaries);
         }
-        let scratch = match &self.work {
-            Place::Dir(_) => None,
-            Place::Store { .. } => Some(self.work.scratch_dir()?),
-        };
-        let work = match (&self.work, &scratch) {
-            (_, Some(s)) => s.path().to_path_buf(),
-            (Place::Dir(work), None) => work.clone(),
-            (Place::Store { .. }, None) => return Err(Error::Config("internal error: no scratch folder (please report)".into())),
+        // A store's stitched spill is made in scratch, then published.
+        let (work, scratch) = match &self.work {
+            Place::Dir(work) => (work.clone(), None),
+            Place::Store { .. } => {
+                let s = self.work.scratch_dir()?;
+                (s.path().to_path_buf(), Some(s))
+            }
         };
         let stitched = stage1::write_stitched(&self.cfg, &work, n, (0..n).map(&mut load))?;
         testhook::point("stage1.stitched");

@@ -24,6 +24,13 @@ pub struct Opened {
     pub memory: u64,
 }
 
+impl Opened {
+    /// An input with nothing in it.
+    pub fn empty() -> Self {
+        Opened { reader: Box::new(BufReader::new(std::io::empty())), memory: 0 }
+    }
+}
+
 /// Open an input file, choosing the decoder from its name, read through a buffer of `buffer`
 /// bytes. A decoding failure names the compressed byte offset the decoder had reached (within
 /// one read buffer of the damage). `listed`: the size the build listed it with; a file of
@@ -49,12 +56,6 @@ pub fn open(path: &Path, listed: Option<u64>, buffer: usize) -> Result<Opened> {
     let pos = Arc::new(AtomicU64::new(0));
     let counted = Counting { inner: file, pos: pos.clone(), listed: listed.map(|n| (n, path.to_string_lossy().into_owned())) };
     decode(&path.to_string_lossy(), Box::new(counted), Some((pos, md.len())), buffer)
-}
-
-impl Opened {
-    pub fn empty() -> Self {
-        Opened { reader: Box::new(BufReader::new(std::io::empty())), memory: 0 }
-    }
 }
 
 /// The error of an input whose size is no longer the one the build listed it with.

@@ -282,11 +282,10 @@ fn run_stage1(run: &mut Run<'_>) -> Result<Vec<format::FileSummary>> {
 }
 
 fn build_info(threads: usize, timings: &BTreeMap<&str, f64>, t0: Instant) -> Value {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string();
     json!({
         "engine": "local",
         "threads": threads,
-        "host": host,
+        "host": crate::storage::lease::hostname(),
         "durations": timings,
         "total_s": t0.elapsed().as_secs_f64(),
         "peak_rss_bytes": peak_rss(),

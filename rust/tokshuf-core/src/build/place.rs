@@ -209,9 +209,8 @@ impl Place {
             Place::Store { scratch, .. } => scratch,
         };
         std::fs::create_dir_all(base).map_err(|e| Error::io(base, e))?;
-        let host = lease::hostname();
-        sweep_scratch(base, &host);
-        let prefix = format!("{SCRATCH}{host}-{}-", std::process::id());
+        sweep_scratch(base);
+        let prefix = format!("{SCRATCH}{}-", lease::tag());
         tempfile::Builder::new().prefix(&prefix).tempdir_in(base).map_err(|e| Error::io(base, e))
     }
 }
@@ -222,15 +221,14 @@ const SCRATCH: &str = "tokshuf-scratch-";
 /// is named for its machine and process: a worker killed (for memory, say) never removes its
 /// own, and on a long build such leftovers (a task's share of the spills) would fill the disk.
 /// A folder of another machine sharing `base` is never touched.
-fn sweep_scratch(base: &Path, host: &str) {
+fn sweep_scratch(base: &Path) {
     let Ok(entries) = std::fs::read_dir(base) else { return };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        let pid = name.strip_prefix(SCRATCH).and_then(|r| r.strip_prefix(host)).and_then(|r| r.strip_prefix('-'));
-        if let Some(pid) = pid.and_then(|r| r.split('-').next()).and_then(|p| p.parse::<u32>().ok()) {
-            if lease::gone_here(host, pid) {
-                let _ = remove_tree(&entry.path());
-            }
+        // SCRATCH, the tag, then tempfile's random letters.
+        let tag = name.strip_prefix(SCRATCH).and_then(|r| r.rsplit_once('-')).map(|(tag, _)| tag);
+        if tag.is_some_and(lease::tag_gone) {
+            let _ = remove_tree(&entry.path());
         }
     }
 }

@@ -48,18 +48,24 @@ pub(crate) fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string()
 }
 
-/// No process numbered `pid` runs on this machine (nor is it this one). A process of another
-/// user answers EPERM: it exists.
-pub(crate) fn gone(pid: u32) -> bool {
+/// Process `pid` of machine `host` ran here and is gone (and is not this one). A process of
+/// another user answers EPERM: it exists.
+fn gone_here(host: &str, pid: u32) -> bool {
     // SAFETY: kill with signal 0 only asks whether the process exists.
-    pid != std::process::id() && unsafe { libc::kill(pid as libc::pid_t, 0) } != 0 && {
+    host == hostname() && pid != std::process::id() && unsafe { libc::kill(pid as libc::pid_t, 0) } != 0 && {
         std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
     }
 }
 
-/// Process `pid` of machine `host` ran here and is gone.
-pub(crate) fn gone_here(host: &str, pid: u32) -> bool {
-    host == hostname() && gone(pid)
+/// `HOST-PID` of this process, for names of files and folders it alone writes (`tag_gone`).
+pub(crate) fn tag() -> String {
+    format!("{}-{}", hostname(), std::process::id())
+}
+
+/// Whether `tag` (as `tag` makes it) names a process of this machine that is gone: what it
+/// left is garbage. A process of another machine sharing the folder is never taken for gone.
+pub(crate) fn tag_gone(tag: &str) -> bool {
+    tag.rsplit_once('-').is_some_and(|(host, pid)| pid.parse().is_ok_and(|pid| gone_here(host, pid)))
 }
 
 /// The holder ran on this machine and its process is gone: a driver killed here, run again

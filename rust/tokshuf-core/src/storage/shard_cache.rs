@@ -210,8 +210,7 @@ impl Inner {
             if let Some((_, writer)) = name.split_once(".part.") {
                 // Another live process may be writing it, on this machine or on another that
                 // shares the folder: only a process of this machine that is gone is known dead.
-                let writer = writer.split_once('.').and_then(|(_, w)| w.rsplit_once('-'));
-                if writer.is_some_and(|(host, pid)| pid.parse().is_ok_and(|pid| super::lease::gone_here(host, pid))) {
+                if writer.split_once('.').is_some_and(|(_, tag)| super::lease::tag_gone(tag)) {
                     let _ = std::fs::remove_file(ent.path());
                 }
                 continue;
@@ -292,7 +291,7 @@ impl Inner {
         // into place.
         static DOWNLOADS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let k = DOWNLOADS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let tmp = self.dir.join(format!("{}.part.{k}.{}-{}", want.name, super::lease::hostname(), std::process::id()));
+        let tmp = self.dir.join(format!("{}.part.{k}.{}", want.name, super::lease::tag()));
         let result = (|| {
             let mut r = super::open(&src).map_err(|e| match e {
                 // The manifest lists it: a shard missing from the store is a damaged cache.
