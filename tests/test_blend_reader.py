@@ -22,6 +22,7 @@ import tokshuf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.blend import (
+    TOK,
     ref_draws,
     ref_quantise,
     reference_blend,
@@ -29,7 +30,7 @@ from support.blend import (
     single_pass_length,
     write_blend_caches,
 )
-from support.reader import reference_example_far, tagged_addresses
+from support.reader import context_ids, reference_example_far, tagged_addresses, write_cache
 
 # Random weights can round to 0 draws per period; that is warned about (test_blend.py) and fine.
 pytestmark = pytest.mark.filterwarnings("ignore:blend. the share:UserWarning")
@@ -260,6 +261,30 @@ def test_single_pass_covers_every_example_of_every_cache(blend, world, per_rank)
         (k, c, i) for k, (sizes, _) in enumerate(layouts) for c, m in enumerate(sizes) for i in range(m)
     }
     assert len(dropped) == n // batch and all(len(x) == batch for x in dropped)
+
+
+# ---- whole rows of large batches -----------------------------------------------------------
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_large_blend_batches_hold_every_row_whole(tmp_path, dtype):
+    """Each cache of a blend fills its rows of a batch in one call; batches of 4 MiB and more
+    are written with streaming stores, and the rows of one cache alternate with the other's,
+    so neighbouring rows share cache lines: every id of every row is compared."""
+    seqlen = 2051  # rows that start and end inside cache lines
+    layouts = [([40, 40, 17], 40), ([30, 30], 30)]
+    paths = [
+        write_cache(tmp_path / f"c{k}", sizes, cs, seqlen=seqlen, tag=k, extra={"tokenizer": TOK})
+        for k, (sizes, cs) in enumerate(layouts)
+    ]
+    blend = tokshuf.Blend(list(zip(paths, [0.6, 0.4])), seed=3, quantum=40)
+    batch_size = 600  # 4.7 MiB in int32
+    reader = tokshuf.Reader(blend, batch_size=batch_size, dtype=dtype, prefetch=0)
+    for _ in range(2):
+        batch = next(reader)
+        assert batch.shape == (batch_size, seqlen) and batch.dtype == np.dtype(dtype)
+        assert {int(row[2]) for row in batch} == {0, 1}
+        for row in batch:
+            want = context_ids(int(row[0]), int(row[1]), seqlen, int(row[2]))
+            np.testing.assert_array_equal(row, want.astype(dtype))
 
 
 # ---- CLI -----------------------------------------------------------------------------------

@@ -408,8 +408,17 @@ impl Cache {
     /// are copied last, all together, so that `gather` can prefetch the rows to come while it
     /// copies one.
     pub fn read_many<T: Id>(&self, locs: &[(u64, u64)], out: &mut [MaybeUninit<T>]) -> Result<()> {
-        let seqlen = self.seqlen();
-        debug_assert_eq!(out.len(), locs.len() * seqlen);
+        debug_assert_eq!(out.len(), locs.len() * self.seqlen());
+        let batch_bytes = std::mem::size_of_val(out);
+        self.read_rows(locs, out.chunks_exact_mut(self.seqlen()).collect(), batch_bytes)
+    }
+
+    /// `read_many` into rows that need not be side by side: a blend's component fills some
+    /// rows of a batch of `batch_bytes`, all in one call, so that its rows are prefetched
+    /// and stored as a whole batch's are.
+    pub fn read_rows<T: Id>(&self, locs: &[(u64, u64)], rows: Vec<&mut [MaybeUninit<T>]>, batch_bytes: usize) -> Result<()> {
+        debug_assert_eq!(rows.len(), locs.len());
+        debug_assert!(rows.iter().all(|r| r.len() == self.seqlen()));
         holds_ids(std::mem::size_of::<T>(), self.meta.dtype)?;
         let mut order: Vec<(u64, u64, u32)> = locs.iter().zip(0..).map(|(&(c, i), j)| (c, i, j)).collect();
         order.sort_by_key(|&(c, _, _)| c);
@@ -424,7 +433,7 @@ impl Cache {
             groups.push((self.mapped(c)?, start..k));
         }
         let blocks = (self.meta.format == Format::BlocksZst).then(|| self.block_cache());
-        let mut rows = out.chunks_exact_mut(seqlen).map(Some).collect::<Vec<_>>();
+        let mut rows = rows.into_iter().map(Some).collect::<Vec<_>>();
         let mut copies = Vec::with_capacity(order.len());
         for (chunk, range) in &groups {
             let c = order[range.start].0;
@@ -437,7 +446,7 @@ impl Cache {
                 }
             }
         }
-        copy_rows(self.meta.dtype, &mut copies);
+        copy_rows(self.meta.dtype, &mut copies, batch_bytes);
         Ok(())
     }
 }

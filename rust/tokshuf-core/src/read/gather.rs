@@ -46,15 +46,16 @@ fn prefetch(bytes: &[u8]) {
     let _ = bytes;
 }
 
-/// Copy each `(source ids of dtype, row)` pair in order, prefetching the sources ahead.
-pub(super) fn copy_rows<T: Id>(dtype: Dtype, rows: &mut [(&[u8], &mut [MaybeUninit<T>])]) {
+/// Copy each `(source ids of dtype, row)` pair in order, prefetching the sources ahead. The
+/// rows belong to a batch of `batch_bytes` (a blend's component fills only some of its rows),
+/// whose size decides how they are stored.
+pub(super) fn copy_rows<T: Id>(dtype: Dtype, rows: &mut [(&[u8], &mut [MaybeUninit<T>])], batch_bytes: usize) {
     let Some(first) = rows.first() else { return };
     let ahead = (PREFETCH_AHEAD / first.0.len().max(1)).max(1);
     for (src, _) in rows.iter().take(ahead) {
         prefetch(src);
     }
-    let bytes = rows.iter().map(|(_, row)| std::mem::size_of_val(*row)).sum::<usize>();
-    let streamed = bytes >= STREAM_MIN && stream::available();
+    let streamed = batch_bytes >= STREAM_MIN && stream::available();
     for k in 0..rows.len() {
         if let Some((next, _)) = rows.get(k + ahead) {
             prefetch(next);
@@ -87,7 +88,7 @@ mod tests {
             let mut out = vec![MaybeUninit::<T>::uninit(); rows * seqlen];
             let mut pairs: Vec<(&[u8], &mut [MaybeUninit<T>])> =
                 out.chunks_exact_mut(seqlen).enumerate().map(|(r, row)| (&raw[(rows - 1 - r) * row_bytes..][..row_bytes], row)).collect();
-            copy_rows(dtype, &mut pairs);
+            copy_rows(dtype, &mut pairs, rows * seqlen * std::mem::size_of::<T>());
             for r in 0..rows {
                 let got: Vec<T> = out[r * seqlen..][..seqlen].iter().map(|x| unsafe { x.assume_init() }).collect();
                 let want: Vec<T> = ids[(rows - 1 - r) * seqlen..][..seqlen].iter().map(|&x| T::from_id(x)).collect();

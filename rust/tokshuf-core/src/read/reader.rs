@@ -7,6 +7,7 @@
 //! Nothing here is started at construction; callers start a prefetcher on first use and start
 //! a new one after a fork (threads do not survive fork; see `Prefetcher::drop`).
 
+use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -228,20 +229,27 @@ impl BatchSpec {
     fn fill<T: Id + Element>(&self, locs: &[Loc]) -> Result<Vec<T>> {
         let n = locs.len() * self.seqlen;
         let mut out: Vec<T> = self.buffers.take(n);
-        // Rows of one cache at a time (all of them for a single cache) go through `read_many`.
-        let mut start = 0;
-        let mut pairs = Vec::with_capacity(locs.len());
-        while start < locs.len() {
-            let k = locs[start].component;
-            let end = locs[start..].iter().position(|l| l.component != k).map_or(locs.len(), |n| start + n);
-            let cache = self.caches.get(k).ok_or_else(|| Error::Config(format!("source names component {k} of {}", self.caches.len())))?;
-            pairs.clear();
-            pairs.extend(locs[start..end].iter().map(|l| (l.chunk, l.index)));
-            let rows = &mut out.spare_capacity_mut()[start * self.seqlen..end * self.seqlen];
-            cache.read_many(&pairs, rows)?;
-            start = end;
+        let batch_bytes = n * std::mem::size_of::<T>();
+        let rows = &mut out.spare_capacity_mut()[..n];
+        // Each cache's rows in one call: in a blend they alternate with other caches' rows,
+        // and a call per run of them lost the prefetching and the streamed stores of a whole
+        // batch.
+        let k = self.caches.len();
+        let mut pairs: Vec<Vec<(u64, u64)>> = vec![Vec::new(); k];
+        let mut dest: Vec<Vec<&mut [MaybeUninit<T>]>> = (0..k).map(|_| Vec::new()).collect();
+        for (l, row) in locs.iter().zip(rows.chunks_exact_mut(self.seqlen)) {
+            if l.component >= k {
+                return Err(Error::Config(format!("source names component {} of {k}", l.component)));
+            }
+            pairs[l.component].push((l.chunk, l.index));
+            dest[l.component].push(row);
         }
-        // SAFETY: `read_many` wrote every element of every row, and the rows cover 0..n.
+        for ((cache, pairs), rows) in self.caches.iter().zip(pairs).zip(dest) {
+            if !pairs.is_empty() {
+                cache.read_rows(&pairs, rows, batch_bytes)?;
+            }
+        }
+        // SAFETY: `read_rows` wrote every element of every row, and the rows cover 0..n.
         unsafe { out.set_len(n) };
         Ok(out)
     }
