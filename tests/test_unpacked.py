@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -313,8 +314,14 @@ def test_verify_passes_and_finds_damage(tmp_path, cache_dir):
         data[at:end] = str(int(data[at:end]) + 1).encode().rjust(end - at)[: end - at]
         p.write_bytes(bytes(data))
 
+    def renamed_member(d: Path) -> None:
+        # Member 1 goes by another name of the same length (the index still points at it).
+        p = d / "shard_00000000.tar"
+        p.write_bytes(p.read_bytes().replace(b"00000000_00000001.npy", b"00000000_00000009.npy", 1))
+
     cases = {
         "idx offset": (flip_idx, "offset 2"),
+        "member name": (renamed_member, "00000000_00000001"),
         "idx missing": (lambda d: (d / "shard_00000000.idx").unlink(), ".idx"),
         "truncated": (
             lambda d: (d / "shard_00000001.tar").write_bytes((d / "shard_00000001.tar").read_bytes()[:-512]),
@@ -327,9 +334,18 @@ def test_verify_passes_and_finds_damage(tmp_path, cache_dir):
         report = damaged(name.replace(" ", "_"), damage)
         assert not report.ok, name
         assert any(fragment in p for p in report.problems), (name, report.problems)
-    # The reader refuses what verify refuses, with a typed error.
+    # The reader refuses what verify refuses, with a typed error: at open, or at the example
+    # whose member's name or npy header is not what the index and its size say.
     with pytest.raises(tokshuf.CacheCorruptError):
         tokshuf.UnpackedCache(tmp_path / "idx_missing")
+    for name, index, fragment in [
+        ("member_name", 1, 'member 1 is not named "00000000_00000001.npy"'),
+        ("member_header", 0, "member 00000000_00000000.npy: not a 1-D npy array"),
+    ]:
+        damaged_cache = tokshuf.UnpackedCache(tmp_path / name, check_files=False)
+        with pytest.raises(tokshuf.CacheCorruptError, match=re.escape(fragment)):
+            damaged_cache.example(1, 0, index)
+        assert len(tokshuf.UnpackedCache(cache_dir).example(1, 0, index)) > 0
 
 
 def test_inspect_shows_bins_and_the_length_histogram(cache_dir):

@@ -28,20 +28,43 @@ pub fn npy_header_shaped(dtype: Dtype, shape: &[u64]) -> Vec<u8> {
         _ => format!("({})", shape.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")),
     };
     let dict = format!("{{'descr': '{}', 'fortran_order': False, 'shape': {dims}, }}", dtype.descr());
-    let unpadded = 10 + dict.len() + 1;
-    let total = unpadded.div_ceil(64) * 64;
-    let mut h = Vec::with_capacity(total);
-    h.extend_from_slice(b"\x93NUMPY\x01\x00");
-    h.extend_from_slice(&((total - 10) as u16).to_le_bytes());
-    h.extend_from_slice(dict.as_bytes());
-    h.resize(total - 1, b' ');
-    h.push(b'\n');
+    let mut h = vec![0; header_len(dict.len())];
+    enclose_header(dict.as_bytes(), &mut h);
     h
 }
 
 /// The header of one `npy` member: a 1-D array of `len` ids.
 pub fn npy_header(dtype: Dtype, len: u64) -> Vec<u8> {
     npy_header_shaped(dtype, &[len])
+}
+
+/// `npy_header(dtype, len)` written into `buf`, without allocating (a reader checks one per
+/// example of an unpacked cache); returns its length.
+pub fn npy_header_into(dtype: Dtype, len: u64, buf: &mut [u8; 128]) -> usize {
+    use std::io::Write;
+    let mut dict = [0u8; 100];
+    let mut w = &mut dict[..];
+    write!(w, "{{'descr': '{}', 'fortran_order': False, 'shape': ({len},), }}", dtype.descr()).expect("a 1-D dict fits in 100 bytes");
+    let n = 100 - w.len();
+    let total = header_len(n);
+    enclose_header(&dict[..n], &mut buf[..total]);
+    total
+}
+
+/// Bytes of a header around a dict of `dict_len` bytes: magic, version, length, the dict and
+/// its newline, padded to a multiple of 64.
+fn header_len(dict_len: usize) -> usize {
+    (10 + dict_len + 1).div_ceil(64) * 64
+}
+
+/// Fill `out` (`header_len(dict.len())` bytes) with the header around `dict`.
+fn enclose_header(dict: &[u8], out: &mut [u8]) {
+    let total = out.len();
+    out[..8].copy_from_slice(b"\x93NUMPY\x01\x00");
+    out[8..10].copy_from_slice(&((total - 10) as u16).to_le_bytes());
+    out[10..10 + dict.len()].copy_from_slice(dict);
+    out[10 + dict.len()..total - 1].fill(b' ');
+    out[total - 1] = b'\n';
 }
 
 /// Bytes a tar member of `size` bytes of data takes (header block + data padded to blocks).
@@ -164,6 +187,22 @@ pub fn parse_npy_ids(data: &[u8]) -> Result<Vec<u32>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The header written in place is the allocated one, at every length (header sizes of 64
+    /// and 128 bytes), and is what NumPy writes (`\x93NUMPY`, version 1.0, 64-byte aligned).
+    #[test]
+    fn npy_header_into_equals_npy_header() {
+        for dtype in [Dtype::Uint16, Dtype::Uint32] {
+            for len in [0, 1, 9, 10, 2049, 1 << 24, u32::MAX as u64, u64::MAX] {
+                let mut buf = [0u8; 128];
+                let n = npy_header_into(dtype, len, &mut buf);
+                let want = npy_header(dtype, len);
+                assert_eq!(&buf[..n], &want[..], "{dtype:?} {len}");
+                assert!(n % 64 == 0 && want.starts_with(b"\x93NUMPY\x01\x00") && want.ends_with(b"\n"));
+            }
+        }
+        assert_eq!(npy_header(Dtype::Uint16, 3), b"\x93NUMPY\x01\x00v\x00{'descr': '<u2', 'fortran_order': False, 'shape': (3,), }                                                            \n");
+    }
 
     #[test]
     fn npy_ids_round_trip_and_other_integer_types_are_read() {

@@ -365,6 +365,22 @@ impl Cache {
         Ok(len)
     }
 
+    /// Examples `locs` ((chunk, index) pairs) of a ragged cache, each member found once, one
+    /// mapping lookup per chunk: `with` gets each example's raw ids (of the cache's dtype) in
+    /// the order of `locs`.
+    pub fn with_ragged<R>(&self, locs: &[(u64, u64)], with: impl FnOnce(&[&[u8]]) -> R) -> Result<R> {
+        let mut chunks: Vec<u64> = locs.iter().map(|&(c, _)| c).collect();
+        chunks.sort_unstable();
+        chunks.dedup();
+        let maps = chunks.iter().map(|&c| self.mapped(c)).collect::<Result<Vec<_>>>()?;
+        let mut members = Vec::with_capacity(locs.len());
+        for &(c, index) in locs {
+            let k = chunks.binary_search(&c).map_err(|_| Error::Config("internal error: a chunk left unmapped".into()))?;
+            members.push(self.layout.ragged_member(&maps[k], &shard_path(&self.root, c), c, index)?.0);
+        }
+        Ok(with(&members))
+    }
+
     fn block_cache(&self) -> &BlockCache {
         self.blocks.get(|| BlockCache::new(self.layout.block_bytes()))
     }

@@ -4,6 +4,7 @@
 //! Every row is written straight into the caller's (uninitialized) output.
 
 use std::cell::RefCell;
+use std::io::Write;
 use std::mem::MaybeUninit;
 use std::path::Path;
 use std::sync::Arc;
@@ -148,7 +149,7 @@ impl Layout {
     fn check_member(&self, path: &Path, map: &[u8], c: u64, i: u64, at: u64, npy: &[u8]) -> Result<()> {
         let at = at as usize;
         let name = format::member_name(c, i, self.format);
-        if !header_name_is(&map[at..at + TAR_BLOCK as usize], &name) {
+        if !header_name_is(&map[at..at + TAR_BLOCK as usize], name.as_bytes()) {
             return Err(Error::corrupt(path, format!("member {i} is not named {name:?}: not the fixed-stride layout")));
         }
         let data = at + TAR_BLOCK as usize;
@@ -222,16 +223,22 @@ impl Layout {
         let Chunk::Ragged { map, idx } = chunk else {
             return Err(Error::Config("internal error: an example of its own length read from a cache of fixed-length contexts".into()));
         };
-        let name = format::member_name(c, index, Format::Npy);
+        // The name and header are checked in place, without allocating: this runs for every
+        // example an unpacked reader reads.
+        let mut name_buf = [0u8; 48];
+        let mut w = &mut name_buf[..];
+        write!(w, "{c:08}_{index:08}.npy").expect("a member name fits in 48 bytes");
+        let name_len = 48 - w.len();
+        let name = || format::member_name(c, index, Format::Npy);
         let (start, end) = (format::idx::offset(idx, index) as usize, format::idx::offset(idx, index + 1) as usize);
         let header = &map[start..start + TAR_BLOCK as usize];
-        if !header_name_is(header, &name) {
-            return Err(Error::corrupt(path, format!("member {index} is not named {name:?} where the index says")));
+        if !header_name_is(header, &name_buf[..name_len]) {
+            return Err(Error::corrupt(path, format!("member {index} is not named {:?} where the index says", name())));
         }
-        let size = member_size(header).ok_or_else(|| Error::corrupt(path, format!("member {name}: unreadable size")))?;
+        let size = member_size(header).ok_or_else(|| Error::corrupt(path, format!("member {}: unreadable size", name())))?;
         let data_at = start + TAR_BLOCK as usize;
         let data = map.get(data_at..data_at + size).filter(|_| data_at + size <= end);
-        let data = data.ok_or_else(|| Error::corrupt(path, format!("member {name}: size {size} runs past the next member")))?;
+        let data = data.ok_or_else(|| Error::corrupt(path, format!("member {}: size {size} runs past the next member", name())))?;
         let dsize = self.dtype.size();
         let hlen = if data.len() >= 10 && data.starts_with(b"\x93NUMPY\x01\x00") {
             10 + u16::from_le_bytes([data[8], data[9]]) as usize
@@ -239,14 +246,12 @@ impl Layout {
             usize::MAX
         };
         let len = size.saturating_sub(hlen) / dsize;
-        if hlen > size
-            || (size - hlen) % dsize != 0
-            || len as u64 > self.seqlen
-            || data[..hlen] != format::npy_header(self.dtype, len as u64)[..]
-        {
+        let mut want = [0u8; 128];
+        let want_len = format::npy_header_into(self.dtype, len as u64, &mut want);
+        if hlen > size || (size - hlen) % dsize != 0 || len as u64 > self.seqlen || data[..hlen] != want[..want_len] {
             return Err(Error::corrupt(
                 path,
-                format!("member {name}: not a 1-D npy array of at most {} ids of the cache's dtype", self.seqlen),
+                format!("member {}: not a 1-D npy array of at most {} ids of the cache's dtype", name(), self.seqlen),
             ));
         }
         Ok((&data[hlen..], len))

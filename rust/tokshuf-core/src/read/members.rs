@@ -116,10 +116,10 @@ pub(super) fn copy_ids<T: Id>(dtype: Dtype, raw: &[u8], out: &mut [MaybeUninit<T
     }
 }
 
-pub(super) fn header_name_is(header: &[u8], name: &str) -> bool {
+pub(super) fn header_name_is(header: &[u8], name: &[u8]) -> bool {
     let field = &header[..100];
     let n = name.len();
-    n < 100 && &field[..n] == name.as_bytes() && field[n..].iter().all(|&b| b == 0) && header[345..500].iter().all(|&b| b == 0)
+    n < 100 && &field[..n] == name && field[n..].iter().all(|&b| b == 0) && header[345..500].iter().all(|&b| b == 0)
 }
 
 fn parse_octal(field: &[u8]) -> Option<u64> {
@@ -162,7 +162,7 @@ pub(super) fn index_members(path: &Path, data: &[u8], chunk: u64, n: u64, fmt: F
         if sum != stored {
             return Err(bad("header checksum mismatch".into()));
         }
-        if !header_name_is(h, &name) {
+        if !header_name_is(h, name.as_bytes()) {
             return Err(bad(format!("not named {name:?}")));
         }
         if !matches!(h[156], b'0' | 0) {

@@ -21,11 +21,12 @@ use sha2::{Digest, Sha256};
 
 use super::blend::{Schedule, DEFAULT_QUANTUM};
 use super::cache::{check_shards_of, parse_manifest_all, Cache, CacheMeta, Id};
+use super::members::copy_ids;
 use super::order::{cache_source, Loc, OrderOptions, Source};
 use super::reader::{batch_bytes, Assemble, Batch, OutDtype, MAX_EXAMPLE};
 use super::validate::read_meta_any;
 use crate::error::{Error, Result};
-use crate::format::{self, BinInfo, Metadata, MANIFEST_NAME, META_NAME};
+use crate::format::{self, BinInfo, Dtype, Metadata, MANIFEST_NAME, META_NAME};
 
 /// Length bins an unpacked cache may have (`bin_00` .. `bin_99`).
 const MAX_BINS: usize = 100;
@@ -251,36 +252,49 @@ impl UnpackedSpec {
         let (k, beta) = self.bin_of(first / b);
         let cache = &self.cache.bins[k];
         let order = self.orders[k].as_ref().ok_or_else(|| Error::Config("internal error: an empty bin was drawn".into()))?;
-        let locs: Vec<Loc> = (0..b).map(|j| order.locate(beta * b + j)).collect();
-        let lens: Vec<usize> = locs.iter().map(|l| cache.example_len(l.chunk, l.index)).collect::<Result<_>>()?;
-        let width = match self.pad_to {
-            PadTo::Longest => lens.iter().copied().max().unwrap_or(0),
-            PadTo::Bin => cache.seqlen(),
-        };
+        let locs: Vec<(u64, u64)> = (0..b).map(|j| order.locate(beta * b + j)).map(|l| (l.chunk, l.index)).collect();
         let mine: Vec<usize> = (self.rank..b).step_by(self.world_size as usize).map(|j| j as usize).collect();
+        let (dtype, size, pad) = (cache.meta.dtype, cache.meta.dtype.size(), self.pad_id);
+        // Every example of the global batch is found (its length counts, and sets the width),
+        // the rank's own rows copied: one lookup of each member, whole rows widened at once.
+        let (ids, lens, width, lengths) = cache.with_ragged(&locs, |members| {
+            let lens: Vec<usize> = members.iter().map(|m| m.len() / size).collect();
+            let width = match self.pad_to {
+                PadTo::Longest => lens.iter().copied().max().unwrap_or(0),
+                PadTo::Bin => cache.seqlen(),
+            };
+            let rows: Vec<&[u8]> = mine.iter().map(|&j| members[j]).collect();
+            let ids = match self.dtype {
+                OutDtype::U16 => Batch::U16(pad_rows(dtype, &rows, width, pad)),
+                OutDtype::U32 => Batch::U32(pad_rows(dtype, &rows, width, pad)),
+                OutDtype::I32 => Batch::I32(pad_rows(dtype, &rows, width, pad)),
+                OutDtype::I64 => Batch::I64(pad_rows(dtype, &rows, width, pad)),
+            };
+            let lengths = mine.iter().map(|&j| lens[j] as u32).collect::<Vec<_>>();
+            (ids, lens, width, lengths)
+        })?;
         let rows = mine.len();
-        let fill = |out: &mut dyn FnMut(usize, &Loc) -> Result<usize>| -> Result<Vec<u32>> {
-            mine.iter().enumerate().map(|(row, &j)| out(row, &locs[j]).map(|n| n as u32)).collect()
-        };
-        fn make<T: Id>(
-            cache: &Cache,
-            rows: usize,
-            width: usize,
-            pad: u32,
-            fill: impl FnOnce(&mut dyn FnMut(usize, &Loc) -> Result<usize>) -> Result<Vec<u32>>,
-        ) -> Result<(Vec<T>, Vec<u32>)> {
-            let mut out = vec![T::from_id(pad); rows * width];
-            let lengths = fill(&mut |row, l| cache.read_ragged(l.chunk, l.index, &mut out[row * width..(row + 1) * width]))?;
-            Ok((out, lengths))
-        }
-        let (ids, lengths) = match self.dtype {
-            OutDtype::U16 => make::<u16>(cache, rows, width, self.pad_id, fill).map(|(v, l)| (Batch::U16(v), l))?,
-            OutDtype::U32 => make::<u32>(cache, rows, width, self.pad_id, fill).map(|(v, l)| (Batch::U32(v), l))?,
-            OutDtype::I32 => make::<i32>(cache, rows, width, self.pad_id, fill).map(|(v, l)| (Batch::I32(v), l))?,
-            OutDtype::I64 => make::<i64>(cache, rows, width, self.pad_id, fill).map(|(v, l)| (Batch::I64(v), l))?,
-        };
         Ok(UnpackedBatch { ids, rows, width, lengths, bin: k, bin_batch: beta, global_tokens: lens.iter().map(|&n| n as u64).sum() })
     }
+}
+
+/// `rows` (raw ids of `dtype`, each at most `width` of them) as a `rows x width` array, each
+/// row padded with `pad`.
+fn pad_rows<T: Id>(dtype: Dtype, rows: &[&[u8]], width: usize, pad: u32) -> Vec<T> {
+    let n = rows.len() * width;
+    let mut out: Vec<T> = Vec::with_capacity(n);
+    if width > 0 {
+        for (raw, row) in rows.iter().zip(out.spare_capacity_mut()[..n].chunks_exact_mut(width)) {
+            let len = raw.len() / dtype.size();
+            copy_ids(dtype, raw, &mut row[..len]);
+            for x in &mut row[len..] {
+                x.write(T::from_id(pad));
+            }
+        }
+    }
+    // SAFETY: every element of every row was written above (ids, then padding).
+    unsafe { out.set_len(n) };
+    out
 }
 
 impl Assemble for UnpackedSpec {
