@@ -38,8 +38,11 @@ pub struct Layout {
     /// `npy`: the member header and the distance between members.
     npy_header: Vec<u8>,
     npy_stride: u64,
-    /// Block formats.
+    /// Block formats; and for `blocks`, where a full block's rows start in its member and the
+    /// distance between members (computed once: every row read needs them).
     blocking: Option<Blocking>,
+    block_rows_at: u64,
+    block_stride: u64,
     /// `npy` members of their own lengths, at most `seqlen` ids, with `.idx` sidecars.
     ragged: bool,
 }
@@ -52,13 +55,17 @@ thread_local! {
 
 impl Layout {
     pub fn new(format: Format, dtype: Dtype, seqlen: u64, block_size: Option<u64>) -> Layout {
+        let blocking =
+            format.is_blocked().then(|| Blocking { block_size: block_size.unwrap_or(format::DEFAULT_BLOCK_SIZE), seqlen, dtype });
         Layout {
             format,
             dtype,
             seqlen,
             npy_header: format::npy_header(dtype, seqlen),
             npy_stride: format::npy_stride(dtype, seqlen),
-            blocking: format.is_blocked().then(|| Blocking { block_size: block_size.unwrap_or(format::DEFAULT_BLOCK_SIZE), seqlen, dtype }),
+            blocking,
+            block_rows_at: blocking.map_or(0, |b| TAR_BLOCK + b.header(b.block_size).len() as u64),
+            block_stride: blocking.map_or(0, |b| b.stride()),
             ragged: false,
         }
     }
@@ -165,8 +172,10 @@ impl Layout {
             None => (i * self.npy_stride + TAR_BLOCK) as usize + self.npy_header.len(),
             Some(b) => {
                 let (k, r) = (i / b.block_size, i % b.block_size);
-                let header = b.header(b.rows(n, k)).len() as u64;
-                (k * b.stride() + TAR_BLOCK + header + r * self.row_bytes() as u64) as usize
+                let rows = b.rows(n, k);
+                // Only a chunk's last block may be short, its header then of another length.
+                let rows_at = if rows == b.block_size { self.block_rows_at } else { TAR_BLOCK + b.header(rows).len() as u64 };
+                (k * self.block_stride + rows_at + r * self.row_bytes() as u64) as usize
             }
         }
     }
