@@ -290,6 +290,30 @@ def test_torch_adapter_yields_the_readers_batches(cache_dir):
     assert len(list(here)) == 6 and here.state_dict() == r.state_dict()
 
 
+@pytest.mark.parametrize("prefetch", [0, 3])
+def test_batches_kept_or_written_by_the_caller_stay_as_read(cache_dir, prefetch):
+    """Unpacked batches reuse the buffers of batches the caller is done with (of other widths,
+    too): those it keeps, views of them, and batches it writes into must stay as read."""
+    steps = 40
+    fresh = tokshuf.Reader(cache_dir, batch_size=4, prefetch=0)
+    want = [next(fresh).tokens.copy() for _ in range(steps)]
+    assert len({w.shape[1] for w in want}) > 1  # several widths: buffers change size
+    reader = tokshuf.Reader(cache_dir, batch_size=4, prefetch=prefetch, threads=2)
+    kept = []
+    for step in range(steps):
+        tokens = next(reader).tokens
+        if step % 3 == 0:
+            kept.append((step, slice(None), tokens))
+        elif step % 3 == 1:
+            kept.append((step, slice(1, None), tokens[1:]))
+        else:
+            assert np.array_equal(tokens, want[step])
+            tokens[:] = 7
+        del tokens
+    for step, rows, got in kept:
+        assert np.array_equal(got, want[step][rows]), step
+
+
 def test_verify_passes_and_finds_damage(tmp_path, cache_dir):
     assert tokshuf.verify(cache_dir, full=True).ok
     import shutil

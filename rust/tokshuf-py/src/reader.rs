@@ -391,7 +391,7 @@ impl ReaderCore {
     #[pyo3(signature = (first, threads, depth, every=1))]
     fn prefetch(&self, first: u64, threads: usize, depth: usize, every: u64) -> PyResult<PyPrefetcher> {
         let p = Prefetcher::start(self.spec.clone(), first, every, threads, depth).map_err(to_pyerr)?;
-        Ok(PyPrefetcher { inner: Mutex::new(Some(Ahead::Packed(p))), seqlen: self.spec.seqlen, buffers: Some(self.spec.buffers.clone()) })
+        Ok(PyPrefetcher { inner: Mutex::new(Some(Ahead::Packed(p))), seqlen: self.spec.seqlen, buffers: self.spec.buffers.clone() })
     }
 }
 
@@ -429,8 +429,8 @@ impl Ahead {
 pub struct PyPrefetcher {
     pub(crate) inner: Mutex<Option<Ahead>>,
     pub(crate) seqlen: usize,
-    /// Where packed batches' buffers go back to.
-    pub(crate) buffers: Option<Arc<BufferPool>>,
+    /// Where batches' buffers go back to.
+    pub(crate) buffers: Arc<BufferPool>,
 }
 
 #[pymethods]
@@ -457,11 +457,8 @@ impl PyPrefetcher {
                 Ok(Next::Batch(first, got)) => {
                     *self.inner.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
                     let out = match got {
-                        Got::Packed(rows, b) => match &self.buffers {
-                            Some(pool) => to_numpy_pooled(py, rows, self.seqlen, b, pool)?,
-                            None => to_numpy(py, rows, self.seqlen, b)?,
-                        },
-                        Got::Unpacked(b) => crate::unpacked::to_python(py, b)?,
+                        Got::Packed(rows, b) => to_numpy_pooled(py, rows, self.seqlen, b, &self.buffers)?,
+                        Got::Unpacked(b) => crate::unpacked::to_python(py, b, &self.buffers)?,
                     };
                     return Ok(Some((first, out)));
                 }

@@ -7,16 +7,17 @@ use std::sync::{Arc, Mutex};
 use numpy::PyArray1;
 use pyo3::prelude::*;
 
+use tokshuf_core::read::buffers::BufferPool;
 use tokshuf_core::read::order::OrderOptions;
 use tokshuf_core::read::reader::{OutDtype, Prefetcher};
 use tokshuf_core::read::unpacked::{PadTo, Unpacked, UnpackedBatch, UnpackedSpec};
 
-use crate::reader::{to_numpy, Ahead, PyPrefetcher};
+use crate::reader::{to_numpy_pooled, Ahead, PyPrefetcher};
 use crate::to_pyerr;
 
 /// `(ids (rows, width), lengths (rows,) int32, bin, global_tokens)`.
-pub(crate) fn to_python(py: Python<'_>, b: UnpackedBatch) -> PyResult<Bound<'_, PyAny>> {
-    let ids = to_numpy(py, b.rows, b.width, b.ids)?;
+pub(crate) fn to_python<'py>(py: Python<'py>, b: UnpackedBatch, pool: &Arc<BufferPool>) -> PyResult<Bound<'py, PyAny>> {
+    let ids = to_numpy_pooled(py, b.rows, b.width, b.ids, pool)?;
     let lengths = PyArray1::from_vec(py, b.lengths.into_iter().map(|n| n as i32).collect()).into_any();
     Ok((ids, lengths, b.bin, b.global_tokens).into_pyobject(py)?.into_any())
 }
@@ -129,7 +130,7 @@ impl UnpackedReaderCore {
     fn batch<'py>(&self, py: Python<'py>, first: u64) -> PyResult<Bound<'py, PyAny>> {
         let spec = self.spec.clone();
         let b = py.detach(move || spec.assemble(first)).map_err(to_pyerr)?;
-        to_python(py, b)
+        to_python(py, b, &self.spec.cache.buffers)
     }
 
     /// (bin, chunk, index in tar order) of global example `i`.
@@ -168,7 +169,11 @@ impl UnpackedReaderCore {
     #[pyo3(signature = (first, threads, depth, every=1))]
     fn prefetch(&self, first: u64, threads: usize, depth: usize, every: u64) -> PyResult<PyPrefetcher> {
         let p = Prefetcher::start(self.spec.clone(), first, every, threads, depth).map_err(to_pyerr)?;
-        Ok(PyPrefetcher { inner: Mutex::new(Some(Ahead::Unpacked(p))), seqlen: self.spec.cache.seqlen(), buffers: None })
+        Ok(PyPrefetcher {
+            inner: Mutex::new(Some(Ahead::Unpacked(p))),
+            seqlen: self.spec.cache.seqlen(),
+            buffers: self.spec.cache.buffers.clone(),
+        })
     }
 }
 

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 
 use super::blend::{Schedule, DEFAULT_QUANTUM};
+use super::buffers::{BufferPool, Reservation};
 use super::cache::{check_shards_of, parse_manifest_all, Cache, CacheMeta, Id};
 use super::members::copy_ids;
 use super::order::{cache_source, Loc, OrderOptions, Source};
@@ -40,6 +41,9 @@ pub struct Unpacked {
     pub infos: Vec<BinInfo>,
     /// sha256 of every bin's manifest and the recipe: names the cache's content.
     pub fingerprint: String,
+    /// Batch buffers handed back by the arrays they became, for the next batches (as a
+    /// `Cache`'s, `buffers.rs`).
+    pub buffers: Arc<BufferPool>,
 }
 
 impl std::fmt::Debug for Unpacked {
@@ -114,7 +118,14 @@ impl Unpacked {
             own.update(&text);
             bins.push(Arc::new(Cache::from_parts(&dir, bin_meta, chunks, Some(format::hex(&own.finalize())), None)));
         }
-        Ok(Unpacked { root: root.to_path_buf(), meta, bins, infos, fingerprint: format::hex(&h.finalize()) })
+        Ok(Unpacked {
+            root: root.to_path_buf(),
+            meta,
+            bins,
+            infos,
+            fingerprint: format::hex(&h.finalize()),
+            buffers: Arc::new(BufferPool::new()),
+        })
     }
 
     pub fn seqlen(&self) -> usize {
@@ -177,6 +188,13 @@ pub struct UnpackedSpec {
     pub pad_to: PadTo,
     pad_id: u32,
     description: String,
+    reserved: Reservation,
+}
+
+impl Drop for UnpackedSpec {
+    fn drop(&mut self) {
+        self.cache.buffers.reserve(&self.reserved, 0);
+    }
 }
 
 impl UnpackedSpec {
@@ -213,7 +231,20 @@ impl UnpackedSpec {
             cache.bins.iter().map(|b| (!b.is_empty()).then(|| cache_source(&b.sizes(), b.meta.chunk_size, 1, opts, false))).collect();
         let description = format!("unpacked-v1 q={:?} {}", schedule.quanta(), super::order::describe(cache.meta.chunk_size, opts, false));
         let pad_id = cache.meta.raw.get("pad_id").and_then(serde_json::Value::as_u64).unwrap_or(0) as u32;
-        Ok(UnpackedSpec { cache, schedule, drawn, orders, batch_size, rank, world_size, dtype, pad_to, pad_id, description })
+        Ok(UnpackedSpec {
+            cache,
+            schedule,
+            drawn,
+            orders,
+            batch_size,
+            rank,
+            world_size,
+            dtype,
+            pad_to,
+            pad_id,
+            description,
+            reserved: Reservation::default(),
+        })
     }
 
     /// What defines the sequence besides the cache (mixed into state fingerprints).
@@ -255,6 +286,8 @@ impl UnpackedSpec {
         let locs: Vec<(u64, u64)> = (0..b).map(|j| order.locate(beta * b + j)).map(|l| (l.chunk, l.index)).collect();
         let mine: Vec<usize> = (self.rank..b).step_by(self.world_size as usize).map(|j| j as usize).collect();
         let (dtype, size, pad) = (cache.meta.dtype, cache.meta.dtype.size(), self.pad_id);
+        let pool = &self.cache.buffers;
+        pool.reserve_unless_reading_ahead(&self.reserved);
         // Every example of the global batch is found (its length counts, and sets the width),
         // the rank's own rows copied: one lookup of each member, whole rows widened at once.
         let (ids, lens, width, lengths) = cache.with_ragged(&locs, |members| {
@@ -265,10 +298,10 @@ impl UnpackedSpec {
             };
             let rows: Vec<&[u8]> = mine.iter().map(|&j| members[j]).collect();
             let ids = match self.dtype {
-                OutDtype::U16 => Batch::U16(pad_rows(dtype, &rows, width, pad)),
-                OutDtype::U32 => Batch::U32(pad_rows(dtype, &rows, width, pad)),
-                OutDtype::I32 => Batch::I32(pad_rows(dtype, &rows, width, pad)),
-                OutDtype::I64 => Batch::I64(pad_rows(dtype, &rows, width, pad)),
+                OutDtype::U16 => Batch::U16(pad_rows(pool.take(rows.len() * width), dtype, &rows, width, pad)),
+                OutDtype::U32 => Batch::U32(pad_rows(pool.take(rows.len() * width), dtype, &rows, width, pad)),
+                OutDtype::I32 => Batch::I32(pad_rows(pool.take(rows.len() * width), dtype, &rows, width, pad)),
+                OutDtype::I64 => Batch::I64(pad_rows(pool.take(rows.len() * width), dtype, &rows, width, pad)),
             };
             let lengths = mine.iter().map(|&j| lens[j] as u32).collect::<Vec<_>>();
             (ids, lens, width, lengths)
@@ -278,11 +311,11 @@ impl UnpackedSpec {
     }
 }
 
-/// `rows` (raw ids of `dtype`, each at most `width` of them) as a `rows x width` array, each
-/// row padded with `pad`.
-fn pad_rows<T: Id>(dtype: Dtype, rows: &[&[u8]], width: usize, pad: u32) -> Vec<T> {
+/// `rows` (raw ids of `dtype`, each at most `width` of them) as a `rows x width` array in
+/// `out` (empty, with room for it), each row padded with `pad`.
+fn pad_rows<T: Id>(mut out: Vec<T>, dtype: Dtype, rows: &[&[u8]], width: usize, pad: u32) -> Vec<T> {
     let n = rows.len() * width;
-    let mut out: Vec<T> = Vec::with_capacity(n);
+    debug_assert!(out.is_empty() && out.capacity() >= n);
     if width > 0 {
         for (raw, row) in rows.iter().zip(out.spare_capacity_mut()[..n].chunks_exact_mut(width)) {
             let len = raw.len() / dtype.size();
@@ -307,5 +340,8 @@ impl Assemble for UnpackedSpec {
     }
     fn assemble_at(&self, first: u64, _cancel: &AtomicBool) -> Result<Option<UnpackedBatch>> {
         self.assemble(first).map(Some)
+    }
+    fn in_flight(&self, batches: usize) {
+        self.cache.buffers.reserve(&self.reserved, batches);
     }
 }
