@@ -8,6 +8,7 @@ the same contexts (when installed); bytes per token of each format; a blend; see
 
     python -m benches.read_bench --build CORPUS_DIR --out /tmp/bench   # builds every format
     python -m benches.read_bench --cache CACHE                         # one existing cache
+    python -m benches.read_bench --cache CACHE --unpacked UNPACKED     # and an unpacked one
     python -m benches.read_bench --smoke                               # tiny: checks the script
 
 "Cold" drops the shards from the page cache before the run (posix_fadvise DONTNEED on every
@@ -222,6 +223,30 @@ def bench_blend(cache: tokshuf.Cache, batch: int, tokens: int, runs: int, result
         print(f"  blend seek+batch to step {step:<12}{ms:>10.3f} ms", flush=True)
 
 
+class RealIds:
+    """What `timed` counts of an unpacked batch: its real ids, padding left out."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+
+def bench_unpacked(path: str, batch: int, dtypes: List[str], tokens: int, runs: int, results: Dict) -> None:
+    """An unpacked cache (packing="none"): real ids per second, one and two read threads."""
+
+    def real_ids(reader: tokshuf.Reader) -> Iterator[RealIds]:
+        for b in reader:
+            yield RealIds(int(b.num_tokens))
+
+    for dtype in dtypes:
+        for threads in (1, 2):
+            run = functools.partial(
+                lambda d, t: real_ids(tokshuf.Reader(path, batch_size=batch, dtype=d, prefetch=2, threads=t)),
+                dtype,
+                threads,
+            )
+            measure(f"tokshuf unpacked {dtype} t={threads}", run, tokens, runs, results)
+
+
 def rows_of(batches: Iterator[np.ndarray], batch: int) -> Iterator[np.ndarray]:
     """Samples of other loaders stacked into batches of `batch` contexts."""
     rows: List[np.ndarray] = []
@@ -410,6 +435,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument(
         "--open-chunks", type=int, default=100_000, help="chunks of the cache opened in a fresh process (0: skip)"
     )
+    ap.add_argument("--unpacked", help="an unpacked cache (packing='none') to read too (real ids per second)")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes: check that the script runs")
     ap.add_argument("--json", help="write results here")
     args = ap.parse_args(argv)
@@ -426,6 +452,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 paths[fmt] = tmp / fmt
                 blocks = dict(block_size=4) if fmt.startswith("blocks") else {}
                 tokshuf.build_cache(files, paths[fmt], seqlen=64, chunk_size=16, format=fmt, progress=False, **blocks)
+            args.unpacked = str(tmp / "unpacked")
+            tokshuf.build_cache(files, args.unpacked, seqlen=64, packing="none", bin_size=16, progress=False)
             args.batch_size, args.tokens, args.runs, args.open_chunks = 8, 2e4, 1, 2000
         elif args.build:
             if not args.out:
@@ -458,6 +486,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         bench_streaming(contexts, args.batch_size, tokens, args.runs, results, tmp)
         bench_litdata(contexts, args.batch_size, tokens, args.runs, results, tmp)
         bench_blend(first, args.batch_size, tokens, args.runs, results)
+        if args.unpacked:
+            print("unpacked cache (real ids, padding not counted):")
+            bench_unpacked(args.unpacked, args.batch_size, args.dtypes.split(","), tokens, args.runs, results)
         print("ratios to the NumPy copy (wall, then per CPU-s; tokshuf's: the median of the ratios of runs paired with")
         print("a copy run; the others: to the copy's own median):")
         for name, v in results.items():
