@@ -239,7 +239,7 @@ class Prefetcher:
     def next(self) -> Optional[Tuple[int, Any]]: ...
 
 # (ids, lengths, bin, global_tokens) of one rank's slice of a global batch of an unpacked cache.
-_UnpackedRaw = Tuple[npt.NDArray[Any], npt.NDArray[np.int32], int, int]
+_UnpackedRaw = Tuple[npt.NDArray[Any], npt.NDArray[np.int32], npt.NDArray[np.bool_], int, int]
 
 @final
 class UnpackedCache:

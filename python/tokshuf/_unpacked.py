@@ -39,10 +39,8 @@ class UnpackedBatch(NamedTuple):
 
 
 def make_batch(raw: Any) -> UnpackedBatch:
-    """An :class:`UnpackedBatch` from the core's ``(ids, lengths, bin, global_tokens)``."""
-    ids, lengths, k, tokens = raw
-    # Compared in the lengths' own dtype: no widened copy of either side.
-    mask = np.arange(ids.shape[1], dtype=lengths.dtype) < lengths[:, None]
+    """An :class:`UnpackedBatch` from the core's ``(ids, lengths, mask, bin, global_tokens)``."""
+    ids, lengths, mask, k, tokens = raw
     return UnpackedBatch(ids, lengths, mask, int(k), int(tokens))
 
 

@@ -4,7 +4,8 @@
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use numpy::PyArray1;
+use numpy::ndarray::Array2;
+use numpy::{PyArray, PyArray1};
 use pyo3::prelude::*;
 
 use tokshuf_core::read::buffers::BufferPool;
@@ -15,11 +16,13 @@ use tokshuf_core::read::unpacked::{PadTo, Unpacked, UnpackedBatch, UnpackedSpec}
 use crate::reader::{to_numpy_pooled, Ahead, PyPrefetcher};
 use crate::to_pyerr;
 
-/// `(ids (rows, width), lengths (rows,) int32, bin, global_tokens)`.
+/// `(ids (rows, width), lengths (rows,) int32, mask (rows, width) bool, bin, global_tokens)`.
 pub(crate) fn to_python<'py>(py: Python<'py>, b: UnpackedBatch, pool: &Arc<BufferPool>) -> PyResult<Bound<'py, PyAny>> {
     let ids = to_numpy_pooled(py, b.rows, b.width, b.ids, pool)?;
     let lengths = PyArray1::from_vec(py, b.lengths.into_iter().map(|n| n as i32).collect()).into_any();
-    Ok((ids, lengths, b.bin, b.global_tokens).into_pyobject(py)?.into_any())
+    let mask = Array2::from_shape_vec((b.rows, b.width), b.mask).map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(e.to_string()))?;
+    let mask = PyArray::from_owned_array(py, mask).into_any();
+    Ok((ids, lengths, mask, b.bin, b.global_tokens).into_pyobject(py)?.into_any())
 }
 
 /// An opened, validated unpacked cache (`tokshuf.UnpackedCache` wraps it).

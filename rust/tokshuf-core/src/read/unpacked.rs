@@ -166,6 +166,8 @@ pub struct UnpackedBatch {
     pub rows: usize,
     pub width: usize,
     pub lengths: Vec<u32>,
+    /// `rows x width`, true on real ids: made by the read threads rather than the consumer.
+    pub mask: Vec<bool>,
     /// The bin the batch came from, and the bin's own batch counter.
     pub bin: usize,
     pub bin_batch: u64,
@@ -307,7 +309,14 @@ impl UnpackedSpec {
             (ids, lens, width, lengths)
         })?;
         let rows = mine.len();
-        Ok(UnpackedBatch { ids, rows, width, lengths, bin: k, bin_batch: beta, global_tokens: lens.iter().map(|&n| n as u64).sum() })
+        let mut mask = vec![false; rows * width];
+        if width > 0 {
+            for (row, &n) in mask.chunks_exact_mut(width).zip(&lengths) {
+                row[..n as usize].fill(true);
+            }
+        }
+        let global_tokens = lens.iter().map(|&n| n as u64).sum();
+        Ok(UnpackedBatch { ids, rows, width, lengths, mask, bin: k, bin_batch: beta, global_tokens })
     }
 }
 
