@@ -309,11 +309,11 @@ impl UnpackedSpec {
             (ids, lens, width, lengths)
         })?;
         let rows = mine.len();
-        let mut mask = vec![false; rows * width];
-        if width > 0 {
-            for (row, &n) in mask.chunks_exact_mut(width).zip(&lengths) {
-                row[..n as usize].fill(true);
-            }
+        // Each byte written once (not zeroed first, then set).
+        let mut mask: Vec<bool> = Vec::with_capacity(rows * width);
+        for &n in &lengths {
+            mask.extend(std::iter::repeat_n(true, n as usize));
+            mask.extend(std::iter::repeat_n(false, width - n as usize));
         }
         let global_tokens = lens.iter().map(|&n| n as u64).sum();
         Ok(UnpackedBatch { ids, rows, width, lengths, mask, bin: k, bin_batch: beta, global_tokens })
