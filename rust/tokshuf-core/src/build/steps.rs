@@ -135,7 +135,7 @@ pub fn stage1_files(
     let todo: Vec<usize> = files.iter().copied().filter(|&f| !stage1::summary_path(&job.work, f).exists()).collect();
     let mut fresh = HashMap::new();
     let mut record = |file: usize, summary: &FileSummary| {
-        fresh.insert(file, FileSummary { tail: Vec::new(), ..summary.clone() });
+        fresh.insert(file, summary.clone().without_tail());
         on_done(file, summary)
     };
     match job.recipe.input_kind {
@@ -152,7 +152,7 @@ pub fn stage1_files(
         .iter()
         .map(|&f| match fresh.remove(&f) {
             Some(s) => Ok(s),
-            None => Ok(FileSummary { tail: Vec::new(), ..summary(job, f)?.ok_or_else(|| unfinished(f))? }),
+            None => Ok(summary(job, f)?.ok_or_else(|| unfinished(f))?.without_tail()),
         })
         .collect()
 }

@@ -98,7 +98,7 @@ impl Streamer<'_, '_> {
                 let s: FileSummary = format::read_json(&path)?;
                 self.rr.set_final(f, s.num_contexts);
                 // Tails stay on disk until `stitch` reads them back.
-                self.summaries[f] = Some(FileSummary { tail: Vec::new(), ..s });
+                self.summaries[f] = Some(s.without_tail());
             }
         }
         let todo: Vec<usize> = (0..nfiles).filter(|&f| self.summaries[f].is_none()).collect();
@@ -152,7 +152,7 @@ impl Streamer<'_, '_> {
             Event::Done { file, summary, .. } => {
                 self.live.remove(&file);
                 self.rr.set_final(file, summary.num_contexts);
-                self.summaries[file] = Some(FileSummary { tail: Vec::new(), ..summary.clone() });
+                self.summaries[file] = Some(summary.clone().without_tail());
                 self.run.progress.advance(1, self.run.job.recipe.inputs[file].bytes, summary.num_tokens);
             }
             Event::Idle => {}

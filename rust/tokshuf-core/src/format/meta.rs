@@ -260,6 +260,14 @@ pub struct FileSummary {
     pub pos_crc32: Vec<u32>,
 }
 
+impl FileSummary {
+    /// This summary without its tail: what a build keeps in memory, the tails staying in the
+    /// summaries on disk until the stitch reads them back one at a time.
+    pub fn without_tail(self) -> FileSummary {
+        FileSummary { tail: Vec::new(), ..self }
+    }
+}
+
 /// How far a build is. It only ever moves forward: building (shuffled) or streaming
 /// (`shuffle=False`) while stage 1 runs, writing once the whole chunk plan is known, complete.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
