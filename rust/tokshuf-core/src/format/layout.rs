@@ -23,13 +23,14 @@ pub const MAX_SEQLEN: u64 = 1 << 24;
 
 /// The NumPy format 1.0 header of a little-endian array of `shape` ids, padded to 64 bytes.
 pub fn npy_header_shaped(dtype: Dtype, shape: &[u64]) -> Vec<u8> {
-    let dims = match shape {
-        [n] => format!("({n},)"),
-        _ => format!("({})", shape.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")),
-    };
-    let dict = format!("{{'descr': '{}', 'fortran_order': False, 'shape': {dims}, }}", dtype.descr());
+    let mut dict = Vec::new();
+    match shape {
+        [n] => write_dict(&mut dict, dtype, format_args!("({n},)")),
+        _ => write_dict(&mut dict, dtype, format_args!("({})", shape.iter().map(u64::to_string).collect::<Vec<_>>().join(", "))),
+    }
+    .expect("writing to a Vec");
     let mut h = vec![0; header_len(dict.len())];
-    enclose_header(dict.as_bytes(), &mut h);
+    enclose_header(&dict, &mut h);
     h
 }
 
@@ -41,14 +42,18 @@ pub fn npy_header(dtype: Dtype, len: u64) -> Vec<u8> {
 /// `npy_header(dtype, len)` written into `buf`, without allocating (a reader checks one per
 /// example of an unpacked cache); returns its length.
 pub fn npy_header_into(dtype: Dtype, len: u64, buf: &mut [u8; 128]) -> usize {
-    use std::io::Write;
     let mut dict = [0u8; 100];
     let mut w = &mut dict[..];
-    write!(w, "{{'descr': '{}', 'fortran_order': False, 'shape': ({len},), }}", dtype.descr()).expect("a 1-D dict fits in 100 bytes");
+    write_dict(&mut w, dtype, format_args!("({len},)")).expect("a 1-D dict fits in 100 bytes");
     let n = 100 - w.len();
     let total = header_len(n);
     enclose_header(&dict[..n], &mut buf[..total]);
     total
+}
+
+/// The header's dict for ids of `dtype` in an array of shape `dims` (a Python tuple).
+fn write_dict(w: &mut impl std::io::Write, dtype: Dtype, dims: std::fmt::Arguments<'_>) -> std::io::Result<()> {
+    write!(w, "{{'descr': '{}', 'fortran_order': False, 'shape': {dims}, }}", dtype.descr())
 }
 
 /// Bytes of a header around a dict of `dict_len` bytes: magic, version, length, the dict and
@@ -114,11 +119,19 @@ impl Blocking {
 }
 
 pub fn member_name(chunk: u64, index: u64, format: Format) -> String {
-    match format {
-        Format::Npy | Format::Blocks => format!("{chunk:08}_{index:08}.npy"),
-        Format::JsonGz => format!("{chunk:08}_{index:08}.json.gz"),
-        Format::BlocksZst => format!("{chunk:08}_{index:08}.npy.zst"),
-    }
+    let mut name = Vec::new();
+    write_member_name(&mut name, chunk, index, format).expect("writing to a Vec");
+    String::from_utf8_lossy(&name).into_owned()
+}
+
+/// `member_name` written into `w` (a reader checks names without allocating them).
+pub fn write_member_name(w: &mut impl std::io::Write, chunk: u64, index: u64, format: Format) -> std::io::Result<()> {
+    let ext = match format {
+        Format::Npy | Format::Blocks => "npy",
+        Format::JsonGz => "json.gz",
+        Format::BlocksZst => "npy.zst",
+    };
+    write!(w, "{chunk:08}_{index:08}.{ext}")
 }
 
 pub fn decode_ids(dtype: Dtype, raw: &[u8]) -> impl Iterator<Item = u32> + '_ {

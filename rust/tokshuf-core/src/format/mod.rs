@@ -13,8 +13,8 @@ mod names;
 
 pub use atomic::{append_lines, is_tmp, read_json, tmp_base, tmp_name, to_json_bytes, write_atomic, write_atomic_as};
 pub use layout::{
-    decode_ids, member_name, member_span, npy_header, npy_header_into, npy_header_shaped, npy_stride, parse_npy_ids, Blocking,
-    DEFAULT_BLOCK_SIZE, MAX_BLOCK_SIZE, MAX_SEQLEN, TAR_BLOCK, ZSTD_LEVEL,
+    decode_ids, member_name, member_span, npy_header, npy_header_into, npy_header_shaped, npy_stride, parse_npy_ids, write_member_name,
+    Blocking, DEFAULT_BLOCK_SIZE, MAX_BLOCK_SIZE, MAX_SEQLEN, TAR_BLOCK, ZSTD_LEVEL,
 };
 pub use manifest::ManifestLine;
 pub use meta::{

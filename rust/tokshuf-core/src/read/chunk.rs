@@ -4,7 +4,6 @@
 //! Every row is written straight into the caller's (uninitialized) output.
 
 use std::cell::RefCell;
-use std::io::Write;
 use std::mem::MaybeUninit;
 use std::path::Path;
 use std::sync::Arc;
@@ -236,7 +235,7 @@ impl Layout {
         // example an unpacked reader reads.
         let mut name_buf = [0u8; 48];
         let mut w = &mut name_buf[..];
-        write!(w, "{c:08}_{index:08}.npy").expect("a member name fits in 48 bytes");
+        format::write_member_name(&mut w, c, index, Format::Npy).expect("a member name fits in 48 bytes");
         let name_len = 48 - w.len();
         let name = || format::member_name(c, index, Format::Npy);
         let (start, end) = (format::idx::offset(idx, index) as usize, format::idx::offset(idx, index + 1) as usize);
