@@ -5,8 +5,8 @@ whitespace, punctuation. tokshuf's ``Tokenizer.encode`` against the Python refer
 the reference finishes (tiktoken panics on whitespace runs of a million characters or more:
 its regex engine's backtracking stack overflows). The growth column is the time of the document
 over that of one ``--growth`` times shorter: about that factor for linear work (long pieces are
-merged with a heap, O(n log n), and each step costs more once the heap outgrows the CPU caches),
-its square for a quadratic merge.
+merged in O(n log n), and each step costs more once their state outgrows the CPU caches), its
+square for a quadratic merge.
 
     python -m benches.worst_case_bench [--size 1000000] [--runs 3] [--growth 16]
 """

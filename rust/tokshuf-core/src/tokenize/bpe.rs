@@ -1,8 +1,9 @@
 //! Byte-level BPE for the tiktoken encodings, written here instead of taken from tiktoken-rs
 //! because its merge is quadratic in the piece length (a 1 MB run of one character never
 //! finishes). Short pieces use tiktoken's own scan (fastest for the usual 2-10 bytes); long
-//! pieces use a heap of candidate pairs with lazy invalidation: O(n log n), same ids, because
-//! both always merge the lowest-ranked adjacent pair, leftmost first.
+//! pieces use a heap of candidate pairs with lazy invalidation (over 64 KiB, a tournament of
+//! the pairs' ranks, for memory): O(n log n), same ids, because all always merge the
+//! lowest-ranked adjacent pair, leftmost first.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -10,6 +11,7 @@ use std::collections::BinaryHeap;
 use rustc_hash::FxHashMap;
 
 use crate::error::{Error, Result};
+use crate::tokenize::pair_ranks::PairRanks;
 
 pub type Ranks = FxHashMap<Vec<u8>, u32>;
 
@@ -251,42 +253,30 @@ pub(crate) fn merge_linked(piece: &[u8], byte_ids: &[u32; 256], rank: impl Fn(&[
 /// `merge_heap` for long pieces. It exists for memory: a hostile document line can be one
 /// pre-token of many MiB (one letter, digit or space repeated), and `merge_linked` keeps some
 /// 25 bytes per byte of it. Here the merge keeps one bit per byte (which offsets start a
-/// symbol) and the heap (8 bytes a candidate, its stale entries dropped when it is full):
-/// about 8 bytes per byte at peak (16 MiB of one letter: 8.1 against 24.6), at the price
-/// of one more lookup per candidate popped.
-/// Every symbol is a token, so the symbols beside an offset are a few words of bits away;
-/// a candidate is checked by looking up the rank of the bytes its pair spans now (what
-/// `merge_linked` keeps in `pair_rank`), and the ids at the end are the ranks of each
-/// symbol's bytes (what it keeps in `sym`), so the ids are the same.
+/// symbol) and the rank of the pair at each start (`PairRanks`): about 4.4 bytes per byte.
+/// Every symbol is a token, so the symbols beside an offset are a few words of bits away,
+/// and the ids at the end are the ranks of each symbol's bytes (what `merge_linked` keeps
+/// in `sym`), so the ids are the same. Ranks must be below `u32::MAX` (none).
 pub(crate) fn merge_compact(piece: &[u8], byte_ids: &[u32; 256], rank: impl Fn(&[u8]) -> Option<u32>, out: &mut Vec<u32>) {
     let n = piece.len();
-    debug_assert!(n < u32::MAX as usize);
+    debug_assert!(n >= 2 && n < u32::MAX as usize);
+    const NONE: u32 = u32::MAX;
     let mut starts = Starts::new(n);
-    // The rank of the pair starting at symbol s (ending at e), if it still is a pair.
-    let pair = |starts: &Starts, s: usize| -> Option<(u32, usize, usize)> {
-        let (m, e) = starts.right_of(s)?;
-        Some((rank(&piece[s..e])?, m, e))
-    };
-    let mut heap = Candidates::initial(n - 1, |i| rank(&piece[i..i + 2]));
-    while let Some((r, s)) = heap.pop() {
-        let Some((now, m, e)) = pair(&starts, s) else { continue };
-        if now != r {
-            continue;
-        }
+    let mut pairs = PairRanks::new(n, n - 1, NONE, |i| rank(&piece[i..i + 2]));
+    while let Some((_, s)) = pairs.min() {
+        // The pair at s joins the symbols s..m and m..e.
+        let m = starts.next(s);
+        let e = starts.next(m);
         starts.clear(m);
-        if e < n {
-            if let Some(r) = rank(&piece[s..starts.next(e)]) {
-                heap.push(r, s, |r, s| pair(&starts, s).is_some_and(|p| p.0 == r));
-            }
-        }
+        pairs.set(m, NONE);
+        let right = if e < n { rank(&piece[s..starts.next(e)]) } else { None };
+        pairs.set(s, right.unwrap_or(NONE));
         if s > 0 {
             let p = starts.prev(s);
-            if let Some(r) = rank(&piece[p..e]) {
-                heap.push(r, p, |r, s| pair(&starts, s).is_some_and(|p| p.0 == r));
-            }
+            pairs.set(p, rank(&piece[p..e]).unwrap_or(NONE));
         }
     }
-    drop(heap);
+    drop(pairs);
     out.reserve(starts.count() - 1);
     let mut s = 0;
     while s < n {
@@ -297,7 +287,7 @@ pub(crate) fn merge_compact(piece: &[u8], byte_ids: &[u32; 256], rank: impl Fn(&
 }
 
 /// The offsets of a piece of `n` bytes that start a symbol, one bit each, and `n` itself.
-pub(crate) struct Starts(Vec<u64>, usize);
+pub(crate) struct Starts(Vec<u64>);
 
 impl Starts {
     /// Every offset a start (single bytes).
@@ -307,23 +297,7 @@ impl Starts {
         if last < 63 {
             words[n / 64] = (1u64 << (last + 1)) - 1;
         }
-        Starts(words, n)
-    }
-
-    /// The symbol after the one starting at `s`, as (start, end), if `s` starts one and it
-    /// is not the last.
-    #[inline(always)]
-    pub(crate) fn right_of(&self, s: usize) -> Option<(usize, usize)> {
-        if !self.is(s) {
-            return None;
-        }
-        let m = self.next(s);
-        (m < self.1).then(|| (m, self.next(m)))
-    }
-
-    #[inline(always)]
-    pub(crate) fn is(&self, i: usize) -> bool {
-        self.0[i >> 6] >> (i & 63) & 1 != 0
+        Starts(words)
     }
 
     #[inline(always)]
@@ -358,44 +332,6 @@ impl Starts {
     /// The number of starts, `n` included.
     pub(crate) fn count(&self) -> usize {
         self.0.iter().map(|w| w.count_ones() as usize).sum()
-    }
-}
-
-/// The candidate pairs of a compact merge: a min-heap of `rank << 32 | start` that never
-/// grows while stale entries can make room. When full, the entries that are stale now are
-/// dropped (a stale entry never matters: whenever a pair forms, its entry is pushed anew)
-/// and the heap rebuilt, O(len); it grows by half only if that frees less than 1/16 of it.
-/// Each merge adds at most one entry net, so after a rebuild that frees `f` slots at least
-/// `f` merges pass before the next: with `f` at least 1/16 of the heap, the rebuilds cost
-/// O(1) a merge.
-pub(crate) struct Candidates(BinaryHeap<Reverse<u64>>);
-
-impl Candidates {
-    /// The pairs at offsets `0..pairs` that `rank_at` gives a rank.
-    pub(crate) fn initial(pairs: usize, rank_at: impl Fn(usize) -> Option<u32>) -> Candidates {
-        let count = (0..pairs).filter(|&i| rank_at(i).is_some()).count();
-        let mut v = Vec::with_capacity(count + count / 16 + 1);
-        v.extend((0..pairs).filter_map(|i| rank_at(i).map(|r| Reverse((r as u64) << 32 | i as u64))));
-        Candidates(BinaryHeap::from(v))
-    }
-
-    #[inline(always)]
-    pub(crate) fn pop(&mut self) -> Option<(u32, usize)> {
-        self.0.pop().map(|Reverse(k)| ((k >> 32) as u32, (k & 0xFFFF_FFFF) as usize))
-    }
-
-    /// Add a candidate; `valid(rank, start)` says whether one is not stale.
-    #[inline(always)]
-    pub(crate) fn push(&mut self, rank: u32, at: usize, mut valid: impl FnMut(u32, usize) -> bool) {
-        let heap = &mut self.0;
-        if heap.len() == heap.capacity() {
-            heap.retain(|&Reverse(k)| valid((k >> 32) as u32, (k & 0xFFFF_FFFF) as usize));
-            let cap = heap.capacity();
-            if cap - heap.len() <= cap / 16 {
-                heap.reserve_exact(cap / 2 + 1);
-            }
-        }
-        heap.push(Reverse((rank as u64) << 32 | at as u64));
     }
 }
 
@@ -509,7 +445,6 @@ pub(crate) mod tests {
             let kept: Vec<usize> = (0..n).filter(|i| i % 3 == 0).chain([n]).collect();
             assert_eq!(starts.count(), kept.len());
             for i in 0..n {
-                assert_eq!(starts.is(i), i % 3 == 0);
                 assert_eq!(starts.next(i), *kept.iter().find(|&&k| k > i).unwrap(), "{n} {i}");
                 if i > 0 {
                     assert_eq!(starts.prev(i), *kept.iter().rev().find(|&&k| k < i).unwrap(), "{n} {i}");

@@ -18,8 +18,9 @@ use std::collections::BinaryHeap;
 
 use rustc_hash::FxHashMap;
 
-use crate::tokenize::bpe::{Candidates, Starts, COMPACT_THRESHOLD};
+use crate::tokenize::bpe::{Starts, COMPACT_THRESHOLD};
 use crate::tokenize::hf_json::{BpeModel, Merge, Vocab};
+use crate::tokenize::pair_ranks::PairRanks;
 use crate::tokenize::pair_table::PairTable;
 use crate::tokenize::side_by_side;
 use crate::tokenize::token_table::{pack, TokenTable, MAX_LEN};
@@ -361,59 +362,53 @@ impl MergeBpe {
 
     /// `merge_heap` for long pieces. It exists for memory: a hostile document line can be one
     /// pre-token of many MiB (one letter, digit or space repeated), and `merge_heap` keeps
-    /// some 29 bytes per byte of it. Here the merge keeps a copy of the piece, one bit per
-    /// byte (which offsets start a symbol) and the heap (8 bytes a candidate, stale entries
-    /// dropped when it is full, see `Candidates`): about 9 bytes per byte at peak. The id of
-    /// a symbol is that of its byte, or of its pair of bytes, or (3 bytes or more) is written
-    /// over its first 3 bytes in the copy, so the ids are `merge_heap`'s, whatever the
-    /// vocabulary; a candidate is checked by looking up the pair its start forms now.
+    /// some 29 bytes per byte of it. Here the merge keeps one bit per byte (which offsets
+    /// start a symbol) and the rank of the pair at each start (`PairRanks`): about 4.4 bytes
+    /// per byte. The id of a symbol is that of its byte, or of its pair of bytes, or (3 bytes
+    /// or more) is kept at its second offset, which starts no pair, marked by `HAS_ID`; so
+    /// the ids are `merge_heap`'s, whatever the vocabulary.
     fn merge_compact(&self, piece: &[u8], out: &mut Vec<u32>) {
         let n = piece.len();
         debug_assert!(n >= 2 && n < u32::MAX as usize && self.ids_fit);
-        let mut buf = piece.to_vec();
+        // Ranks are offsets in the merge list, below 2^31 as merged ids are below 2^24.
+        const HAS_ID: u32 = 1 << 31;
+        const NONE: u32 = u32::MAX;
         let mut starts = Starts::new(n);
-        let id = |buf: &[u8], s: usize, e: usize| -> u32 {
+        let id = |pairs: &PairRanks, s: usize, e: usize| -> u32 {
             match e - s {
-                1 => self.byte_ids[buf[s] as usize],
-                2 => self.byte_pairs[(buf[s] as usize) << 8 | buf[s + 1] as usize].1,
-                _ => u32::from_le_bytes([buf[s], buf[s + 1], buf[s + 2], 0]),
+                1 => self.byte_ids[piece[s] as usize],
+                2 => self.byte_pairs[(piece[s] as usize) << 8 | piece[s + 1] as usize].1,
+                _ => pairs.get(s + 1) & !HAS_ID,
             }
-        };
-        // (rank, merged id, start of the right symbol, its end) of the pair at symbol s.
-        let pair = |buf: &[u8], starts: &Starts, s: usize| -> Option<(u32, u32, usize, usize)> {
-            let (m, e) = starts.right_of(s)?;
-            let (r, merged) = self.pair(id(buf, s, m), id(buf, m, e))?;
-            Some((r, merged, m, e))
         };
         let byte_pair = |i: usize| Some(self.byte_pairs[(piece[i] as usize) << 8 | piece[i + 1] as usize].0).filter(|&r| r != u32::MAX);
-        let mut heap = Candidates::initial(n - 1, byte_pair);
-        while let Some((r, s)) = heap.pop() {
-            let Some((now, merged, m, e)) = pair(&buf, &starts, s) else { continue };
-            if now != r {
+        let mut pairs = PairRanks::new(n, n - 1, HAS_ID, byte_pair);
+        while let Some((_, s)) = pairs.min() {
+            // The pair at s joins the symbols s..m and m..e into `merged`.
+            let m = starts.next(s);
+            let e = starts.next(m);
+            let Some((_, merged)) = self.pair(id(&pairs, s, m), id(&pairs, m, e)) else {
+                pairs.set(s, NONE); // never: the rank at a start is its pair's
                 continue;
-            }
+            };
             starts.clear(m);
+            pairs.set(m, NONE);
             if e - s >= 3 {
-                buf[s..s + 3].copy_from_slice(&merged.to_le_bytes()[..3]);
+                pairs.set(s + 1, merged | HAS_ID);
             }
-            if e < n {
-                if let Some((r, _)) = self.pair(merged, id(&buf, e, starts.next(e))) {
-                    heap.push(r, s, |r, s| pair(&buf, &starts, s).is_some_and(|p| p.0 == r));
-                }
-            }
+            let right = if e < n { self.pair(merged, id(&pairs, e, starts.next(e))) } else { None };
+            pairs.set(s, right.map_or(NONE, |(r, _)| r));
             if s > 0 {
                 let p = starts.prev(s);
-                if let Some((r, _)) = self.pair(id(&buf, p, s), merged) {
-                    heap.push(r, p, |r, s| pair(&buf, &starts, s).is_some_and(|p| p.0 == r));
-                }
+                let left = self.pair(id(&pairs, p, s), merged);
+                pairs.set(p, left.map_or(NONE, |(r, _)| r));
             }
         }
-        drop(heap);
         out.reserve(starts.count() - 1);
         let mut s = 0;
         while s < n {
             let e = starts.next(s);
-            out.push(id(&buf, s, e));
+            out.push(id(&pairs, s, e));
             s = e;
         }
     }

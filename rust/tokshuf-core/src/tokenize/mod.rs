@@ -21,6 +21,7 @@ mod hf_json;
 pub mod hfbpe;
 mod long_memo;
 pub mod nfc;
+mod pair_ranks;
 mod pair_table;
 pub mod piece_cache;
 mod prefetch;
