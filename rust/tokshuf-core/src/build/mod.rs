@@ -15,6 +15,7 @@ pub mod binned;
 pub mod budget;
 pub mod cell_spills;
 pub mod cells;
+mod doc_window;
 pub mod driver;
 mod gather;
 pub mod input;

@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use crossbeam_channel::{bounded, unbounded};
 
+use crate::build::doc_window::DocWindow;
 use crate::build::input::{self, Line, LineBatcher};
 use crate::build::writeback::{Cache, Streamed};
 use crate::error::{Error, Result, SkipReason};
@@ -52,6 +53,15 @@ pub struct Stage1Config {
     pub input_bytes: Vec<u64>,
     /// The longest line a build may hold (`max_line`), in bytes.
     pub max_line: usize,
+}
+
+impl Stage1Config {
+    /// The bytes of ids a best-fit window holds in memory (`DocWindow`; 0 without best fit):
+    /// `pack_window` contexts, or as much as the longest line if more; the rest of a window
+    /// waits on disk.
+    pub fn window_bytes(&self) -> usize {
+        self.pack_window.map_or(0, |w| (w * self.seqlen * 4).max(self.max_line))
+    }
 }
 
 /// The longest line a build with `memory_limit` holds: tokenizing a line takes about five
@@ -232,9 +242,8 @@ pub fn run(
                 // while it does not fit beside the open ones; and what those hold.
                 let mut next: Option<(usize, input::Opened)> = None;
                 let mut held = 0u64;
-                // Best fit holds a window of documents per open file: counted as that many
-                // contexts (documents longer than one hold more).
-                let packing = cfg.pack_window.map_or(0, |w| (w * cfg.seqlen * 4) as u64);
+                // Best fit holds a window of documents per open file, in memory up to this.
+                let packing = cfg.window_bytes() as u64;
                 loop {
                     while open.len() < window {
                         let (file, opened) = match next.take() {
@@ -479,7 +488,7 @@ pub(super) struct FileWriter {
     notified: u64,
     /// Best-fit packing: the documents of the current window, and where the file's id stream
     /// would be under concat (to count the documents concat would split).
-    window: Vec<Vec<u32>>,
+    window: DocWindow,
     concat_pos: u64,
     /// Unpacked builds: each bin's positions file (`pos_path`), and the spill's length so far.
     bins: Vec<(BufWriter<File>, PathBuf)>,
@@ -513,7 +522,7 @@ impl FileWriter {
             bytes: Vec::new(),
             summary,
             notified: 0,
-            window: Vec::new(),
+            window: DocWindow::new(cfg.window_bytes() / 4, work),
             concat_pos: 0,
             bins,
             spill_len: 0,
@@ -572,7 +581,7 @@ impl FileWriter {
             for &n in &t.doc_lens {
                 let n = n as usize;
                 self.count_split(cfg, n);
-                self.window.push(t.ids[at..at + n].to_vec());
+                self.window.push(&t.ids[at..at + n])?;
                 at += n;
                 if self.window.len() >= window {
                     self.pack_window(cfg)?;
@@ -601,13 +610,11 @@ impl FileWriter {
 
     /// Place the window's documents by best fit (`pack`) and write the contexts, padded.
     fn pack_window(&mut self, cfg: &Stage1Config) -> Result<()> {
-        let docs = std::mem::take(&mut self.window);
-        let lens: Vec<usize> = docs.iter().map(Vec::len).collect();
         let mut ctx = Vec::with_capacity(cfg.seqlen);
-        for pieces in super::pack::bestfit(&lens, cfg.seqlen) {
+        for pieces in super::pack::bestfit(self.window.lens(), cfg.seqlen) {
             ctx.clear();
             for p in pieces {
-                ctx.extend_from_slice(&docs[p.doc][p.start..p.end]);
+                self.window.piece(p.doc, p.start, p.end, &mut ctx)?;
             }
             let pad = cfg.seqlen - ctx.len();
             if pad > 0 {
@@ -616,6 +623,7 @@ impl FileWriter {
             }
             self.write_context(cfg, &ctx)?;
         }
+        self.window.clear();
         Ok(())
     }
 
@@ -773,6 +781,30 @@ mod tests {
             }
             other => panic!("{:?}", other.map(|t| t.ids)),
         }
+    }
+
+    /// A best-fit window whose documents pass its budget waits partly on disk (`DocWindow`)
+    /// and gives the same spill, byte for byte, as one held in memory.
+    #[test]
+    fn a_best_fit_window_past_its_budget_gives_the_same_contexts() {
+        let dir = tempfile::tempdir().unwrap();
+        let text: String = (0..300).map(|i| format!("{{\"text\": \"{}\"}}\n", &"abcdefghij".repeat(5)[..3 + i * 7 % 41])).collect();
+        let path = dir.path().join("in.jsonl");
+        std::fs::write(&path, text).unwrap();
+        let pool = Arc::new(rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap());
+        let spill = |max_line: usize| {
+            let cfg = Arc::new(Stage1Config { pack_window: Some(6), max_line, ..cfg(ErrorPolicy::Raise) });
+            let work = tempfile::tempdir().unwrap();
+            let schedule = Schedule { window: 1, notify_every: 0, batch_bytes: 256, open_budget: u64::MAX };
+            run(&cfg, std::slice::from_ref(&path), &[0], work.path(), &pool, &Arc::default(), schedule, |_| Ok(())).unwrap();
+            (cfg.window_bytes(), std::fs::read(spill_path(work.path(), 0)).unwrap())
+        };
+        let (in_memory, want) = spill(1 << 20);
+        let (on_disk, got) = spill(64);
+        // 6 contexts of 4 ids: 96 bytes, about two documents, where a window holds six.
+        assert_eq!((in_memory, on_disk), (1 << 20, 96));
+        assert!(want.len() > 300 * 4 * 2, "{} bytes", want.len());
+        assert!(got == want, "the spills differ");
     }
 
     #[test]
