@@ -126,7 +126,7 @@ pub struct MergeBpe {
     byte_pairs: Box<[(u32, u32)]>,
     merges: PairTable,
     whole: Whole,
-    /// Every merged id is below 2^24, as `merge_compact` needs.
+    /// Every merged id is below 2^31, as `merge_compact` needs (to mark ids apart from ranks).
     ids_fit: bool,
 }
 
@@ -156,7 +156,7 @@ impl MergeBpe {
         for (rank, [a, b, merged]) in ids?.into_iter().chain(rest?).enumerate() {
             // Later duplicates win, as in `tokenizers` (it collects into a map in order).
             merges.insert(a, b, rank as u32, merged);
-            ids_fit &= merged < 1 << 24;
+            ids_fit &= merged < 1 << 31;
         }
         let decoded = spans.iter().map(|&(s, e, id)| (&bytes[s..e], id));
         let bpe = if ignore_merges {
@@ -370,7 +370,7 @@ impl MergeBpe {
     fn merge_compact(&self, piece: &[u8], out: &mut Vec<u32>) {
         let n = piece.len();
         debug_assert!(n >= 2 && n < u32::MAX as usize && self.ids_fit);
-        // Ranks are offsets in the merge list, below 2^31 as merged ids are below 2^24.
+        // Ranks are offsets in the merge list and merged ids are below 2^31 (`ids_fit`).
         const HAS_ID: u32 = 1 << 31;
         const NONE: u32 = u32::MAX;
         let mut starts = Starts::new(n);
