@@ -116,13 +116,13 @@ impl RankBpe {
             ranks[i] = self.byte_pairs[(piece[i] as usize) << 8 | piece[i + 1] as usize];
         }
         // The first merges join pairs of bytes, so most lookups that follow are of spans of
-        // 3 and 4 bytes: their lines are all requested now, to wait on memory together
+        // 3 to 6 bytes: their lines are all requested now, to wait on memory together
         // rather than once per merge (merging was 40 % of a cold memo's time, most of it
-        // waiting; this made it about a third faster).
+        // waiting; spans of 3 and 4 made it about a third faster, 5 and 6 another 1.5-3.5 %
+        // for cl100k and o200k, 7 and 8 nothing more).
         for i in 0..len - 2 {
-            self.prefetch_span(&buf, i, i + 3);
-            if i + 4 <= len {
-                self.prefetch_span(&buf, i, i + 4);
+            for e in i + 3..(i + 7).min(len + 1) {
+                self.prefetch_span(&buf, i, e);
             }
         }
         let mut n = len;
