@@ -12,8 +12,9 @@
 //! still gathering from (and the pages of whatever else runs on the machine). The writer then
 //! waits for the window before its previous one before starting a new one, which paces it to
 //! the disk with two windows in flight. Waiting for the previous window itself left the disk
-//! idle between windows (stage 2 of a 100 MB build took 1.4 times as long). Spills (`Cache::Keep`) are read again
-//! soon, so only the writing is started early and their pages stay.
+//! idle between windows (stage 2 of a 100 MB build took 1.4 times as long). Spills
+//! (`Cache::Keep`) are read again soon, so only the writing is started early and their pages
+//! stay.
 //!
 //! On systems without `sync_file_range` (anything but Linux) this is a plain file writer.
 

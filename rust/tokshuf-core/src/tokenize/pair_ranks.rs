@@ -31,12 +31,12 @@ fn key(rank: u32, at: usize) -> u64 {
 }
 
 impl PairRanks {
-    /// `n` offsets (below 2^32), the pair at offset `i` ranked `rank_at(i)` (offsets
-    /// `0..pairs`) or none; ranks at or above `limit` are none.
-    pub(crate) fn new(n: usize, pairs: usize, limit: u32, rank_at: impl Fn(usize) -> Option<u32>) -> PairRanks {
-        debug_assert!(pairs <= n && n < u32::MAX as usize);
+    /// The `n` offsets of a piece (below 2^32), the pair at offset `i` ranked `rank_at(i)`
+    /// (all but the last offset) or none; ranks at or above `limit` are none.
+    pub(crate) fn new(n: usize, limit: u32, rank_at: impl Fn(usize) -> Option<u32>) -> PairRanks {
+        debug_assert!(n >= 1 && n < u32::MAX as usize);
         let mut ranks = Vec::with_capacity(n);
-        ranks.extend((0..pairs).map(|i| rank_at(i).unwrap_or(u32::MAX)));
+        ranks.extend((0..n - 1).map(|i| rank_at(i).unwrap_or(u32::MAX)));
         ranks.resize(n, u32::MAX);
         let leaves = n.div_ceil(BLOCK).next_power_of_two();
         let mut p = PairRanks { ranks, limit, tree: vec![u64::MAX; 2 * leaves], leaves };
@@ -135,7 +135,7 @@ mod tests {
             let limit = 50;
             let mut want: Vec<u32> = (0..n).map(|i| if i + 1 < n { next(60) as u32 } else { u32::MAX }).collect();
             let w = want.clone();
-            let mut p = PairRanks::new(n, n - 1, limit, |i| Some(w[i]));
+            let mut p = PairRanks::new(n, limit, |i| Some(w[i]));
             for step in 0..3000 {
                 let scan = want.iter().enumerate().filter(|(_, &r)| r < limit).min_by_key(|&(i, &r)| (r, i)).map(|(i, &r)| (r, i));
                 assert_eq!(p.min(), scan, "n {n} step {step}");
