@@ -3,19 +3,20 @@
 //! Ids are kept in memory up to a budget (`Stage1Config::window_bytes`: `pack_window`
 //! contexts, or as much as the longest line a build holds if more, which follows
 //! `memory_limit`), the amount the build's memory accounting counts. Long documents would
-//! otherwise hold the window far past that (1,024 documents of 512 KiB held 1 GiB with
-//! `memory_limit=64M`), so once the budget is spent the rest of the window goes to an unnamed
-//! temporary file in the work folder (gone with the process, whatever happens to it), read
-//! back piece by piece as contexts are written. Where the ids wait never changes the contexts.
+//! otherwise hold the window far past that (1,100 documents of 512 KiB held 715–758 MiB with
+//! `memory_limit=64M`, `benches/memory_bench.py`), so once the budget is spent the rest of the
+//! window goes to an unnamed temporary file in the work folder (gone with the process, whatever
+//! happens to it), in the spill's dtype, read back piece by piece as contexts are written.
+//! Where the ids wait never changes the contexts.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use crate::build::stage1::encode_ids;
 use crate::error::{Error, Result};
-
-const ID_BYTES: u64 = 4;
+use crate::format::{decode_ids, Dtype};
 
 pub(super) struct DocWindow {
     /// Where each document starts: in `ids` for the first `in_memory`, in the file after.
@@ -25,15 +26,16 @@ pub(super) struct DocWindow {
     ids: Vec<u32>,
     budget: usize,
     dir: PathBuf,
-    /// The overflow file, and the ids written to it.
+    /// The overflow file, its ids as the spill stores them, and the ids written to it.
+    dtype: Dtype,
     file: Option<BufWriter<File>>,
     file_ids: u64,
     bytes: Vec<u8>,
 }
 
 impl DocWindow {
-    /// A window holding up to `budget` ids in memory, its overflow in `dir`.
-    pub(super) fn new(budget: usize, dir: &Path) -> DocWindow {
+    /// A window holding up to `budget` ids in memory, its overflow (ids of `dtype`) in `dir`.
+    pub(super) fn new(budget: usize, dtype: Dtype, dir: &Path) -> DocWindow {
         DocWindow {
             starts: Vec::new(),
             lens: Vec::new(),
@@ -41,6 +43,7 @@ impl DocWindow {
             ids: Vec::new(),
             budget,
             dir: dir.to_path_buf(),
+            dtype,
             file: None,
             file_ids: 0,
             bytes: Vec::new(),
@@ -69,8 +72,7 @@ impl DocWindow {
                 }
             };
             self.starts.push(self.file_ids);
-            self.bytes.clear();
-            self.bytes.extend(doc.iter().flat_map(|id| id.to_le_bytes()));
+            encode_ids(self.dtype, doc, &mut self.bytes);
             crate::testhook::charge(self.bytes.len()).and_then(|_| file.write_all(&self.bytes)).map_err(|e| Error::io(&self.dir, e))?;
             self.file_ids += doc.len() as u64;
         }
@@ -87,9 +89,10 @@ impl DocWindow {
         }
         let file = self.file.as_mut().expect("documents past the budget are in the file");
         file.flush().map_err(|e| Error::io(&self.dir, e))?;
-        self.bytes.resize((end - start) * ID_BYTES as usize, 0);
-        file.get_ref().read_exact_at(&mut self.bytes, (at + start) as u64 * ID_BYTES).map_err(|e| Error::io(&self.dir, e))?;
-        out.extend(self.bytes.chunks_exact(ID_BYTES as usize).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])));
+        let size = self.dtype.size();
+        self.bytes.resize((end - start) * size, 0);
+        file.get_ref().read_exact_at(&mut self.bytes, ((at + start) * size) as u64).map_err(|e| Error::io(&self.dir, e))?;
+        out.extend(decode_ids(self.dtype, &self.bytes));
         Ok(())
     }
 
@@ -113,28 +116,31 @@ mod tests {
     use super::*;
 
     /// Pieces read back equal the documents pushed, in memory and past the budget, over
-    /// several windows.
+    /// several windows, for either dtype of the spill.
     #[test]
     fn pieces_equal_the_documents_wherever_they_wait() {
         let dir = tempfile::tempdir().unwrap();
-        let mut w = DocWindow::new(100, dir.path());
-        for round in 0..3u32 {
-            let docs: Vec<Vec<u32>> =
-                (0..12u32).map(|d| (0..(d * 7 + round) % 50 + 1).map(|i| round * 1_000_000 + d * 1000 + i).collect()).collect();
-            for d in &docs {
-                w.push(d).unwrap();
-            }
-            assert!(w.file_ids > 0 && w.in_memory > 0, "both kinds of document");
-            assert_eq!(w.lens(), docs.iter().map(Vec::len).collect::<Vec<_>>());
-            for (k, d) in docs.iter().enumerate().rev() {
-                for (s, e) in [(0, d.len()), (d.len() / 3, d.len() / 2 + 1)] {
-                    let mut out = vec![7];
-                    w.piece(k, s, e, &mut out).unwrap();
-                    assert_eq!(out[1..], d[s..e], "round {round} doc {k} {s}..{e}");
+        for dtype in [Dtype::Uint16, Dtype::Uint32] {
+            let mut w = DocWindow::new(100, dtype, dir.path());
+            for round in 0..3u32 {
+                // Ids differ by round, document and position, and fit either dtype.
+                let docs: Vec<Vec<u32>> =
+                    (0..12u32).map(|d| (0..(d * 7 + round) % 50 + 1).map(|i| round * 1000 + d * 50 + i).collect()).collect();
+                for d in &docs {
+                    w.push(d).unwrap();
                 }
+                assert!(w.file_ids > 0 && w.in_memory > 0, "both kinds of document");
+                assert_eq!(w.lens(), docs.iter().map(Vec::len).collect::<Vec<_>>());
+                for (k, d) in docs.iter().enumerate().rev() {
+                    for (s, e) in [(0, d.len()), (d.len() / 3, d.len() / 2 + 1)] {
+                        let mut out = vec![7];
+                        w.piece(k, s, e, &mut out).unwrap();
+                        assert_eq!(out[1..], d[s..e], "{dtype:?} round {round} doc {k} {s}..{e}");
+                    }
+                }
+                w.clear();
+                assert_eq!(w.len(), 0);
             }
-            w.clear();
-            assert_eq!(w.len(), 0);
         }
     }
 }

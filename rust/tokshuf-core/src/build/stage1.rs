@@ -522,7 +522,7 @@ impl FileWriter {
             bytes: Vec::new(),
             summary,
             notified: 0,
-            window: DocWindow::new(cfg.window_bytes() / 4, work),
+            window: DocWindow::new(cfg.window_bytes() / 4, cfg.dtype, work),
             concat_pos: 0,
             bins,
             spill_len: 0,
