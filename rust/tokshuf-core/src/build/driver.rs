@@ -662,7 +662,7 @@ impl Steps {
         self.write_meta(&meta)?;
         testhook::point("complete");
         match &self.work {
-            Place::Dir(work) => resume::remove_work(work)?,
+            Place::Dir(work) => resume::remove_work(work, None)?,
             Place::Store { .. } => self.work.remove_all()?,
         }
         // Temporary files of tasks that died with their node (their retries wrote the shards).

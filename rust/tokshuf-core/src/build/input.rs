@@ -307,7 +307,9 @@ pub fn parse_line<'a>(line: &'a [u8], key: &str) -> Line<'a> {
     if line.iter().all(|b| b.is_ascii_whitespace()) {
         return Line::Blank;
     }
-    let line = match std::str::from_utf8(line) {
+    // simdutf8 rather than std: about half the time on the corpus's lines (a tenth of
+    // parsing them).
+    let line = match simdutf8::compat::from_utf8(line) {
         Ok(s) => s,
         Err(e) => return Line::Bad(SkipReason::InvalidUtf8, format!("invalid UTF-8 at byte {} of the line", e.valid_up_to())),
     };

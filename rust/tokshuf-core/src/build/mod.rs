@@ -168,7 +168,7 @@ pub fn build(opts: &BuildOptions, cancel: Arc<AtomicBool>) -> Result<Metadata> {
     testhook::point("start");
     if run.job.recipe.packing.is_unpacked() {
         let meta = build_unpacked(&mut run)?;
-        resume::remove_work(&work)?;
+        resume::remove_work(&work, Some(&run.pool))?;
         lock.remove()?;
         return Ok(meta);
     }
@@ -181,7 +181,7 @@ pub fn build(opts: &BuildOptions, cancel: Arc<AtomicBool>) -> Result<Metadata> {
     // Manifest, then the final metadata: a complete tokshuf.json means a complete cache.
     manifest.close();
     let meta = steps::finalize(&run.job, &plan, totals, &manifest.lines, run.build_info())?;
-    resume::remove_work(&work)?;
+    resume::remove_work(&work, Some(&run.pool))?;
     lock.remove()?;
     Ok(meta)
 }
