@@ -12,8 +12,8 @@
 //! - A per-thread memo of pre-token -> ids (`piece_cache.rs`, bounded; short pieces need no
 //!   allocation): most pre-tokens are merged once per thread.
 //! - Lookups that do not wait on memory: the memo and the tables behind it are far larger
-//!   than the CPU caches, so each piece is looked up a few pieces after the scanner found
-//!   it, its cache lines requested when it was found (`piece_cache::Lookahead`), and the
+//!   than the CPU caches, so pieces are looked up in batches of 64 after the scanner found
+//!   them, each one's cache line requested when it was found (`piece_cache::Lookahead`), and the
 //!   tables read one line per lookup (`token_table.rs`, `pair_table.rs`), on huge pages
 //!   (`big_table.rs`); a merge requests the lines of the lookups its first rounds will make
 //!   before making them.

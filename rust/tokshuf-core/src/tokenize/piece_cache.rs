@@ -10,9 +10,11 @@
 //! a hash map bounded in bytes, emptied when full; a short one also gets a slot saying so.
 //!
 //! A set is one aligned cache line, so a lookup costs one line from memory, and `Lookahead`
-//! requests that line when the scanner finds the piece and reads it 16 pieces later, with
-//! several lines in flight (requesting only the next piece's set was too late to help and
-//! cost 12 % more CPU time). The table sits on huge pages where the kernel allows
+//! requests that line when the scanner finds the piece and reads it once the scanner has
+//! found 64 pieces, with many lines in flight (requesting only the next piece's set was too
+//! late to help and cost 12 % more CPU time). Looking the 64 up in one tight loop after the
+//! scan was 2-7 % faster than a ring that looked each piece up 16 pieces after finding it
+//! (docs/fast-tokenizer.md, round twenty). The table sits on huge pages where the kernel allows
 //! (`big_table.rs`). Tried and dropped, as no faster on the 100 MB subset: a 128 KiB table
 //! of the most recent pieces in front of this one, and looking every short piece up in the
 //! shared table of whole tokens before the memo (more lines read per piece).
@@ -56,37 +58,25 @@ struct Located {
     key: [u64; 2],
 }
 
-/// A piece waiting in a `Lookahead`, and whether its memo set was checked yet.
-#[derive(Clone, Copy)]
-struct Waiting {
-    at: Located,
-    checked: bool,
-}
-
-const IDLE: Waiting = Waiting { at: Located { start: 0, end: 0, set: usize::MAX, key: [0; 2] }, checked: true };
-
 /// The `set` of a waiting entry that is an id already known (`start`), not a piece.
 const KNOWN: usize = usize::MAX - 1;
 
-/// Pieces are looked up this many pieces after the scanner found them...
-const AHEAD: usize = 16;
-/// ...and their memo sets checked this many pieces before that, when a piece the memo does
-/// not hold has its line in the token table requested.
-const PEEK: usize = 8;
+const IDLE: Located = Located { start: 0, end: 0, set: usize::MAX, key: [0; 2] };
 
-/// Looks pieces up a few pieces after the scanner found them, with the cache lines they
-/// need requested when found, so that a lookup rarely waits on memory and several are in
-/// flight while the scanner runs on: a piece's memo set when it is found, and halfway to
-/// its lookup, if the memo does not hold it, its line in the tokenizer's table of pieces
-/// that are a token of their own (where the merge looks first). Ids come out in piece order.
+/// Pieces looked up together (16 and 32 were slower, 128 and 256 no faster).
+const BATCH: usize = 64;
+
+/// Looks pieces up in batches: the scanner fills a batch, each piece's memo set requested as
+/// it is found; then the batch's sets are checked, and for each piece the memo does not hold
+/// its line in the tokenizer's table of pieces that are a token of their own is requested;
+/// then the pieces are looked up in order. Ids come out in piece order.
 pub struct Lookahead<'a, F> {
     cache: &'a mut PieceCache,
     tokens: Option<&'a TokenTable>,
     text: &'a [u8],
     out: &'a mut Vec<u32>,
     encode: F,
-    ring: [Waiting; AHEAD],
-    head: usize,
+    batch: [Located; BATCH],
     len: usize,
 }
 
@@ -94,66 +84,55 @@ impl<'a, F: Fn(&[u8], &mut Vec<u32>)> Lookahead<'a, F> {
     /// Pieces of `text` go through `cache`, their ids to `out`; `encode` merges a piece the
     /// cache does not hold (appending its ids to `out`), looking it up in `tokens` first.
     pub fn new(cache: &'a mut PieceCache, tokens: Option<&'a TokenTable>, text: &'a [u8], out: &'a mut Vec<u32>, encode: F) -> Self {
-        Lookahead { cache, tokens, text, out, encode, ring: [IDLE; AHEAD], head: 0, len: 0 }
+        Lookahead { cache, tokens, text, out, encode, batch: [IDLE; BATCH], len: 0 }
     }
 
     /// The next piece, `text[start..end]`.
     #[inline(always)]
     pub fn push(&mut self, start: usize, end: usize) {
-        if self.len == AHEAD {
-            self.pop();
-        }
         let at = self.cache.locate(self.text, start, end);
         self.cache.prefetch(&at);
-        self.ring[(self.head + self.len) % AHEAD] = Waiting { at, checked: false };
+        self.batch[self.len] = at;
         self.len += 1;
-        if self.len > PEEK {
-            self.check((self.head + self.len - 1 - PEEK) % AHEAD);
+        if self.len == BATCH {
+            self.flush();
         }
     }
 
     /// The next id is `id` itself (an added token between pieces).
     pub fn push_id(&mut self, id: u32) {
-        if self.len == AHEAD {
-            self.pop();
-        }
-        let at = Located { start: id as usize, end: 0, set: KNOWN, key: [0; 2] };
-        self.ring[(self.head + self.len) % AHEAD] = Waiting { at, checked: true };
+        self.batch[self.len] = Located { start: id as usize, end: 0, set: KNOWN, key: [0; 2] };
         self.len += 1;
+        if self.len == BATCH {
+            self.flush();
+        }
     }
 
-    #[inline(always)]
-    fn check(&mut self, i: usize) {
-        let w = &mut self.ring[i];
-        if w.checked {
-            return;
-        }
-        w.checked = true;
+    /// Look the batch up: first request the token-table lines of the pieces the memo does
+    /// not hold (their sets were requested as they were found), then resolve in order.
+    #[inline(never)]
+    fn flush(&mut self) {
+        let n = self.len;
         if let Some(t) = self.tokens {
-            let (start, end) = (w.at.start, w.at.end);
-            if end - start <= MAX_LEN && !self.cache.holds(&w.at) {
-                t.prefetch(pack(&self.text[start..end]));
+            for at in &self.batch[..n] {
+                if at.set < KNOWN && at.end - at.start <= MAX_LEN && !self.cache.holds(at) {
+                    t.prefetch(pack(&self.text[at.start..at.end]));
+                }
             }
         }
-    }
-
-    #[inline(always)]
-    fn pop(&mut self) {
-        let w = self.ring[self.head];
-        if w.at.set == KNOWN {
-            self.out.push(w.at.start as u32);
-        } else {
-            self.cache.resolve(self.text, &w.at, self.out, &self.encode);
+        for at in &self.batch[..n] {
+            if at.set == KNOWN {
+                self.out.push(at.start as u32);
+            } else {
+                self.cache.resolve(self.text, at, self.out, &self.encode);
+            }
         }
-        self.head = (self.head + 1) % AHEAD;
-        self.len -= 1;
+        self.len = 0;
     }
 
     /// Look up the pieces still waiting.
     pub fn finish(mut self) {
-        while self.len > 0 {
-            self.pop();
-        }
+        self.flush();
     }
 }
 
@@ -378,7 +357,7 @@ mod tests {
 
     /// Ids through a `Lookahead` equal each piece's own encoding, in piece order, with and
     /// without a token table to prefetch from, for runs of pieces shorter and longer than
-    /// the lookahead, with known ids between pieces, through a memo that keeps evicting.
+    /// a batch, with known ids between pieces, through a memo that keeps evicting.
     #[test]
     fn lookahead_equals_piece_by_piece() {
         let enc = |p: &[u8], out: &mut Vec<u32>| out.extend(p.iter().map(|&b| b as u32 * 3));
@@ -397,7 +376,7 @@ mod tests {
         distinct.dedup();
         let tokens: Vec<(&[u8], u32)> = distinct.iter().step_by(3).enumerate().map(|(i, &p)| (p, 1_000_000 + i as u32)).collect();
         let table = TokenTable::new(&tokens);
-        for n in [0, 1, PEEK, PEEK + 1, AHEAD, AHEAD + 1, pieces.len()] {
+        for n in [0, 1, BATCH - 1, BATCH, BATCH + 1, 2 * BATCH + 3, pieces.len()] {
             for with_table in [false, true] {
                 // Every seventh piece comes after a known id (an added token).
                 let mut want = vec![42];
