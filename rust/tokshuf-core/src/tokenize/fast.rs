@@ -13,8 +13,8 @@
 //!   allocation): most pre-tokens are merged once per thread.
 //! - Lookups that do not wait on memory: the memo and the tables behind it are far larger
 //!   than the CPU caches, so pieces are looked up in batches of 64 after the scanner found
-//!   them, each one's cache line requested when it was found (`piece_cache::Lookahead`), and the
-//!   tables read one line per lookup (`token_table.rs`, `pair_table.rs`), on huge pages
+//!   them, each one's cache line requested when it was found (`piece_cache::Lookahead`),
+//!   and the tables read one line per lookup (`token_table.rs`, `pair_table.rs`), on huge pages
 //!   (`big_table.rs`); a merge requests the lines of the lookups its first rounds will make
 //!   before making them.
 //! - Little fixed cost per build, which matters below a few GB: the class table is read
