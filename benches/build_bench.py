@@ -50,6 +50,7 @@ measures, it does not check.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import gzip
 import io
@@ -91,38 +92,46 @@ MEMO_LONG_BYTES = 4 << 20
 # Children: one measurement each, result as JSON on stdout.
 
 
-def child_build(args) -> dict:
+@contextlib.contextmanager
+def fresh_build(workdir: str, inputs, **options):
+    """``build_cache(inputs, WORKDIR/cache, progress=False, **options)`` from an empty output:
+    yields (output folder, stats, wall seconds of the call); the cache is removed after."""
     import tokshuf
 
-    out = Path(args.workdir) / "cache"
+    out = Path(workdir) / "cache"
     shutil.rmtree(out, ignore_errors=True)
     t0 = time.perf_counter()
-    stats = tokshuf.build_cache(
+    stats = tokshuf.build_cache(inputs, out, progress=False, **options)
+    seconds = time.perf_counter() - t0
+    try:
+        yield out, stats, seconds
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def child_build(args) -> dict:
+    with fresh_build(
+        args.workdir,
         args.input,
-        out,
         tokenizer=TOKENIZERS[args.tokenizer],
         threads=args.threads,
         seqlen=args.seqlen,
         format=args.format,
-        progress=False,
         tokenizer_backend=args.backend,
-    )
-    wall = time.perf_counter() - t0
-    m = stats.metadata
-    result = {
-        "wall_s": wall,
-        "text_bytes": m["text_bytes"],
-        "bytes_in": m["bytes_in"],
-        "num_tokens": m["num_tokens"],
-        "num_documents": m["num_documents"],
-        "durations": m["build"]["durations"],
-        "total_s": m["build"]["total_s"],
-        "peak_rss_bytes": m["build"].get("peak_rss_bytes"),
-        "threads": m["build"]["threads"],
-        "backend": m["tokenizer"]["backend"],
-    }
-    shutil.rmtree(out, ignore_errors=True)
-    return result
+    ) as (_, stats, wall):
+        m = stats.metadata
+        return {
+            "wall_s": wall,
+            "text_bytes": m["text_bytes"],
+            "bytes_in": m["bytes_in"],
+            "num_tokens": m["num_tokens"],
+            "num_documents": m["num_documents"],
+            "durations": m["build"]["durations"],
+            "total_s": m["build"]["total_s"],
+            "peak_rss_bytes": m["build"].get("peak_rss_bytes"),
+            "threads": m["build"]["threads"],
+            "backend": m["tokenizer"]["backend"],
+        }
 
 
 def open_text(path: str):

@@ -14,11 +14,9 @@ import argparse
 import hashlib
 import json
 import random
-import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,14 +25,9 @@ if str(ROOT) not in sys.path:
 
 from tokshuf._cli_types import parse_size  # noqa: E402
 
-from tests.support.corpus import WORDS, write_jsonl  # noqa: E402 (after the path above)
+from benches.build_bench import TOKENIZERS, fresh_build  # noqa: E402 (after the path above)
+from tests.support.corpus import WORDS, write_jsonl  # noqa: E402
 
-TOKENIZERS = {
-    "neox": str(ROOT / "tests" / "data" / "gpt-neox-20b.json"),
-    "cl100k": "tiktoken:cl100k_base",
-    "r50k": "tiktoken:r50k_base",
-    "o200k": "tiktoken:o200k_base",
-}
 LINE_CHARS = (16 << 20) - 64  # the JSON around it keeps the line under the 16 MiB cap
 
 
@@ -59,28 +52,13 @@ def make_inputs(workdir: Path, docs: int, doc_kib: int) -> dict:
 
 
 def child(args) -> None:
-    import tokshuf
-
-    out = Path(args.workdir) / "cache"
-    shutil.rmtree(out, ignore_errors=True)
-    t0 = time.perf_counter()
-    stats = tokshuf.build_cache(
-        args.input,
-        out,
-        tokenizer=args.tokenizer,
-        threads=args.threads,
-        seqlen=2048,
-        progress=False,
-        memory_limit=args.memory_limit,
-        **json.loads(args.options),
-    )
-    seconds = time.perf_counter() - t0
-    manifest = hashlib.sha256((out / "manifest.jsonl").read_bytes()).hexdigest()[:12]
+    options = dict(tokenizer=args.tokenizer, threads=args.threads, seqlen=2048, memory_limit=args.memory_limit)
+    with fresh_build(args.workdir, args.input, **options, **json.loads(args.options)) as (out, stats, seconds):
+        manifest = hashlib.sha256((out / "manifest.jsonl").read_bytes()).hexdigest()[:12]
     # VmHWM, not ru_maxrss: a child's ru_maxrss starts at its parent's peak, this one's own.
     status = Path("/proc/self/status").read_text()
     peak = int(next(line for line in status.splitlines() if line.startswith("VmHWM")).split()[1]) * 1024
     print(json.dumps({"seconds": seconds, "peak": peak, "manifest": manifest, "tokens": stats.metadata["num_tokens"]}))
-    shutil.rmtree(out, ignore_errors=True)
 
 
 def main() -> None:
