@@ -263,7 +263,7 @@ pub(crate) fn merge_compact(piece: &[u8], byte_ids: &[u32; 256], rank: impl Fn(&
     const NONE: u32 = u32::MAX;
     let mut starts = Starts::new(n);
     let mut pairs = PairRanks::new(n, NONE, |i| rank(&piece[i..i + 2]));
-    while let Some((_, s)) = pairs.min() {
+    while let Some(s) = pairs.min() {
         // The pair at s joins the symbols s..m and m..e.
         let m = starts.next(s);
         let e = starts.next(m);

@@ -383,7 +383,7 @@ impl MergeBpe {
         };
         let byte_pair = |i: usize| Some(self.byte_pairs[(piece[i] as usize) << 8 | piece[i + 1] as usize].0).filter(|&r| r != u32::MAX);
         let mut pairs = PairRanks::new(n, HAS_ID, byte_pair);
-        while let Some((_, s)) = pairs.min() {
+        while let Some(s) = pairs.min() {
             // The pair at s joins the symbols s..m and m..e into `merged`.
             let m = starts.next(s);
             let e = starts.next(m);

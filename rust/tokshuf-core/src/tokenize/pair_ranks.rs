@@ -49,12 +49,11 @@ impl PairRanks {
         p
     }
 
-    /// The pair of lowest rank, leftmost first, as (rank, offset).
+    /// The offset of the pair of lowest rank, leftmost first.
     #[inline(always)]
-    pub(crate) fn min(&self) -> Option<(u32, usize)> {
+    pub(crate) fn min(&self) -> Option<usize> {
         let k = self.tree[1];
-        let rank = (k >> 32) as u32;
-        (rank < self.limit).then_some((rank, (k & 0xFFFF_FFFF) as usize))
+        ((k >> 32) < self.limit as u64).then_some((k & 0xFFFF_FFFF) as usize)
     }
 
     /// The value at offset `i`.
@@ -138,7 +137,7 @@ mod tests {
             let mut p = PairRanks::new(n, limit, |i| Some(w[i]));
             for step in 0..3000 {
                 let scan = want.iter().enumerate().filter(|(_, &r)| r < limit).min_by_key(|&(i, &r)| (r, i)).map(|(i, &r)| (r, i));
-                assert_eq!(p.min(), scan, "n {n} step {step}");
+                assert_eq!(p.min().map(|at| (p.get(at), at)), scan, "n {n} step {step}");
                 let i = next(n as u64) as usize;
                 // Mostly raises of the minimum (as merges do), some lowers and none-values.
                 let v = match next(4) {
