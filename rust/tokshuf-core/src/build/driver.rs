@@ -206,7 +206,8 @@ impl Steps {
             Place::Dir(p) => Place::Dir(resume::work_dir(p, opts.local_cell_dir.as_deref())?),
             Place::Store { .. } => out.child(WORK_NAME),
         };
-        let cfg = steps::stage1_config(&recipe, &tok, opts.memory_limit());
+        // Workers on other machines write the spills stage 2 reads.
+        let cfg = steps::stage1_config(&recipe, &tok, opts.memory_limit(), true);
         Ok(Steps { opts, recipe, input_root, cfg, out, work })
     }
 

@@ -3,8 +3,9 @@
 //! themselves are in `steps`; this module is the one-machine driver that runs them on a rayon
 //! pool, with the progress bar, the build lock and resumption around them.
 //!
-//! Every step is resumable: a file is done when its summary exists, a chunk when its shard
-//! exists (both renamed into place after fsync), and the order of everything is a pure function
+//! Every step is resumable: a file is done when its summary exists (and its spill still has
+//! the CRC-32 the summary records), a chunk when its shard exists (renamed into place after
+//! fsync), and the order of everything is a pure function
 //! of the recipe, never of timing. What a build does with an existing output folder is decided
 //! in `resume`.
 //!
@@ -141,7 +142,7 @@ pub fn build(opts: &BuildOptions, cancel: Arc<AtomicBool>) -> Result<Metadata> {
             .build()
             .map_err(|e| Error::Config(format!("cannot start {threads} threads: {e}")))?,
     );
-    let cfg = steps::stage1_config(&job.recipe, &tok, opts.memory_limit());
+    let cfg = steps::stage1_config(&job.recipe, &tok, opts.memory_limit(), false);
     let mut run = Run {
         opts,
         job,

@@ -4,8 +4,10 @@
 //! batches are tokenized in parallel on the pool (so one huge file still uses every core);
 //! the calling thread consumes results strictly in (file, batch) order, windows them and
 //! appends the contexts of each file to its own spill file `fNNNNNNNN.ctx` in the work folder.
-//! A file's summary JSON is written after its spill is complete and fsynced: its presence
-//! marks the file as done, so a resumed build never tokenizes it again.
+//! A file's summary JSON is written after its spill is complete (and fsynced where other
+//! machines read it, `Stage1Config::sync_spills`): its presence marks the file as done, so a
+//! resumed build never tokenizes it again unless the spill no longer has the CRC-32 the
+//! summary records.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
@@ -53,6 +55,13 @@ pub struct Stage1Config {
     pub input_bytes: Vec<u64>,
     /// The longest line a build may hold (`max_line`), in bytes.
     pub max_line: usize,
+    /// fsync each spill (and positions file) before its summary is written. Needed where
+    /// other machines read the spills (the Ray engine: a shared file system reports some write
+    /// errors only to fsync). A one-machine build reads its spills back from this machine's
+    /// page cache, and a resumed build checks each against the CRC-32 its summary records
+    /// (`resume::check_spills`), so a spill a power cut kept from the disk is found and its
+    /// file tokenized again; waiting for the disk there only delayed stage 2.
+    pub sync_spills: bool,
 }
 
 impl Stage1Config {
@@ -186,7 +195,7 @@ pub fn run(
         return Ok(());
     }
     // Enough batches that the workers run on while this thread waits on a finished file's
-    // fsync (docs/fast-tokenizer.md, round six, has the measurements).
+    // fsync, where spills are synced (docs/fast-tokenizer.md, round six, has the measurements).
     let in_flight = (pool.current_num_threads() * 8).max(8);
     // Bounds the bytes in flight: a batch takes a slot per `batch_bytes` it holds (a batch of
     // one long line, up to `max_line`, takes them all), so that many long lines are not
@@ -654,7 +663,8 @@ impl FileWriter {
         Ok(())
     }
 
-    /// Publish the spill (fsync, rename) and then the summary that marks the file done.
+    /// Publish the spill (fsync where `cfg.sync_spills`, rename) and then the summary that marks
+    /// the file done.
     pub(super) fn finish(mut self, cfg: &Stage1Config, tail_policy: Tail, work: &Path, file: usize) -> Result<(FileSummary, u64)> {
         if cfg.pack_window.is_some() {
             self.pack_window(cfg)?; // best fit has no tail: the last window is packed like any
@@ -678,11 +688,15 @@ impl FileWriter {
         }
         self.out.flush().map_err(|e| Error::io(&self.tmp, e))?;
         let f = &self.shared;
-        f.sync_all().map_err(|e| Error::io(&self.tmp, e))?;
+        if cfg.sync_spills {
+            f.sync_all().map_err(|e| Error::io(&self.tmp, e))?;
+        }
         let spill_bytes = f.metadata().map(|m| m.len()).unwrap_or(0);
         for (k, (pos, tmp)) in std::mem::take(&mut self.bins).into_iter().enumerate() {
             let f = pos.into_inner().map_err(|e| Error::io(&tmp, e.into_error()))?;
-            f.sync_all().map_err(|e| Error::io(&tmp, e))?;
+            if cfg.sync_spills {
+                f.sync_all().map_err(|e| Error::io(&tmp, e))?;
+            }
             let path = pos_path(work, file, k);
             std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
         }
@@ -761,6 +775,7 @@ mod tests {
             input_names: vec!["in.jsonl".into()],
             input_bytes: vec![],
             max_line: 1 << 20,
+            sync_spills: true,
         }
     }
 
