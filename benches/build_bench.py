@@ -10,6 +10,9 @@ median of ``--runs`` runs, each measurement in its own process:
   ``text_bytes``), tokens/s, peak RSS of the process (``wait4`` ru_maxrss and tokshuf.json's
   ``build.peak_rss_bytes``) and the time of each stage (``build.durations``); its ratio to
   the reference library and to gigatoken.
+- ``build, tokenizer loaded``: the same build in a process that loaded the tokenizer first
+  (``tokshuf.Tokenizer(spec)``, which a build in the same process reuses), as gigatoken's
+  ``Tokenizer`` is made before its clock starts; ``--no-loaded`` skips it.
 - ``--scaling`` (default when ``--threads`` > 1; ``--no-scaling`` skips it): the same build
   with 1 thread, and the 1 -> N speed-up.
 - ``--with-reference-backend``: the same build with ``tokenizer_backend="reference"``.
@@ -28,7 +31,8 @@ dictionaries, prose), ``i18n`` (man pages in many languages, the Debian handbook
 in theirs); ``input`` is the input as given. A one-file case is where fixed costs (loading the
 tokenizer) and cold memos show, and where one file must still use every thread.
 
-Each run does build, 1-thread build, reference-backend build, reference, gigatoken in turn,
+Each run does build, build with the tokenizer loaded, 1-thread build, reference-backend build,
+reference, gigatoken in turn,
 so drifting machine load hits all of them alike; the summary table gives the median over runs
 of each run's build / gigatoken ratio. Also printed: the bound on the fast
 backend's memos. Writes a markdown report (machine, command, results, stage times) to
@@ -109,7 +113,12 @@ def fresh_build(workdir: str, inputs, **options):
         shutil.rmtree(out, ignore_errors=True)
 
 
-def child_build(args) -> dict:
+def child_build(args, loaded: bool = False) -> dict:
+    if loaded:
+        # As gigatoken's Tokenizer is made before its clock starts: the build finds it loaded.
+        import tokshuf
+
+        tokshuf.Tokenizer(TOKENIZERS[args.tokenizer], backend=args.backend)
     with fresh_build(
         args.workdir,
         args.input,
@@ -371,9 +380,9 @@ def report(args, results: Dict[tuple, dict], cases: Dict[str, List[str]]) -> str
         "tokshuf's whole build against gigatoken's encode alone, as the median over runs of the",
         "ratio of the two measured side by side (so load drifting between runs cancels):",
         "",
-        "| case | tokenizer | MB of text | build MB/s | gigatoken MB/s | build / gigatoken | 1 thread / gigatoken | 1 -> "
-        f"{args.threads} threads |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| case | tokenizer | MB of text | build MB/s | gigatoken MB/s | build / gigatoken | tokenizer loaded / gigatoken "
+        f"| 1 thread / gigatoken | 1 -> {args.threads} threads |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     nan = float("nan")
 
@@ -391,6 +400,7 @@ def report(args, results: Dict[tuple, dict], cases: Dict[str, List[str]]) -> str
         lines.append(
             f"| {case} | {name} | {r['build'][0]['text_bytes'] / 1e6:.1f} | {b_mbs:.2f} | "
             f"{'-' if giga_mbs != giga_mbs else f'{giga_mbs:.2f}'} | {fmt(per_run_ratio(r['build'], r['gigatoken']))} | "
+            f"{fmt(per_run_ratio(r['build_loaded'], r['gigatoken'])) if r['build_loaded'] else '-'} | "
             f"{fmt(per_run_ratio(r['build_1'], r['gigatoken'])) if r['build_1'] else '-'} | {ratio(b_mbs, one)} |"
         )
     lines += [
@@ -404,7 +414,12 @@ def report(args, results: Dict[tuple, dict], cases: Dict[str, List[str]]) -> str
         ref_mbs = med([mbs(x) for x in ref]) if ref else nan
         giga_mbs = med([mbs(x) for x in giga]) if giga else nan
         n_mbs = med([mbs(x) for x in r["build"]])
-        for key, threads in (("build", args.threads), ("build_1", 1), ("build_ref", args.threads)):
+        for key, threads in (
+            ("build", args.threads),
+            ("build_loaded", args.threads),
+            ("build_1", 1),
+            ("build_ref", args.threads),
+        ):
             builds = r[key]
             if not builds:
                 continue
@@ -412,7 +427,10 @@ def report(args, results: Dict[tuple, dict], cases: Dict[str, List[str]]) -> str
             rss = max(x["ru_maxrss_bytes"] for x in builds) / 2**20
             own_rss = max((x["peak_rss_bytes"] or 0) for x in builds) / 2**20
             note = f"1->{args.threads} threads speed-up {n_mbs / b_mbs:.2f}x" if key == "build_1" else ""
-            backend = builds[0]["backend"] + (', tokenizer_backend="reference"' if key == "build_ref" else "")
+            backend = builds[0]["backend"] + {
+                "build_ref": ', tokenizer_backend="reference"',
+                "build_loaded": ", tokenizer loaded first",
+            }.get(key, "")
             lines.append(
                 f"| {case} | {name} | tokshuf build_cache end to end ({backend}) | {threads} | "
                 f"{b_mbs:.2f} | {med([tps(x) for x in builds]):.2f} | {ratio(b_mbs, ref_mbs)} | "
@@ -437,7 +455,7 @@ def report(args, results: Dict[tuple, dict], cases: Dict[str, List[str]]) -> str
             )
     # Stage times, in the order the build runs them.
     order = {"tokenize_s": 0, "plan_s": 1, "write_s": 2}
-    keys = ("build", "build_1", "build_ref")
+    keys = ("build", "build_loaded", "build_1", "build_ref")
     stages = sorted(
         {k for r in results.values() for key in keys for x in r[key] for k in x["durations"]},
         key=lambda k: (order.get(k, 9), k),
@@ -451,13 +469,19 @@ def report(args, results: Dict[tuple, dict], cases: Dict[str, List[str]]) -> str
         "|---|---|---|---:|" + "---:|" * (len(stages) + 1),
     ]
     for (case, name), r in results.items():
-        for key, threads in (("build", args.threads), ("build_1", 1), ("build_ref", args.threads)):
+        for key, threads in (
+            ("build", args.threads),
+            ("build_loaded", args.threads),
+            ("build_1", 1),
+            ("build_ref", args.threads),
+        ):
             builds = r[key]
             if not builds:
                 continue
             cells = [f"{med([x['durations'].get(k, 0.0) for x in builds]):.2f}" for k in stages]
+            loaded = ", tokenizer loaded first" if key == "build_loaded" else ""
             lines.append(
-                f"| {case} | {name} | {builds[0]['backend']} | {threads} | "
+                f"| {case} | {name} | {builds[0]['backend']}{loaded} | {threads} | "
                 + " | ".join(cells)
                 + f" | {med([x['total_s'] for x in builds]):.2f} |"
             )
@@ -468,7 +492,9 @@ def report(args, results: Dict[tuple, dict], cases: Dict[str, List[str]]) -> str
         f"Documents: {docs}. The reference rows time only the encode calls on "
         "documents already in memory; gigatoken's only its `encode_files` call (it reads the files "
         "itself, and its tokenizer is loaded before the clock starts); the build includes loading the "
-        "tokenizer, reading, JSON parsing, decompression, windowing, shuffling and writing.",
+        'tokenizer, reading, JSON parsing, decompression, windowing, shuffling and writing. "tokenizer '
+        'loaded first" is the same build in a process where `tokshuf.Tokenizer(spec)` loaded the '
+        "tokenizer before the clock started, as gigatoken's is.",
         "",
         f"Fast backend memo bound: 2^18 slots x 32 bytes = {MEMO_SLOT_BYTES / 2**20:.0f} MiB per thread "
         f"and tokenizer, plus at most {MEMO_LONG_BYTES / 2**20:.0f} MiB of long pieces per thread "
@@ -567,6 +593,12 @@ def main() -> None:
         help="also build with 1 thread and report the 1->N speed-up (default: on when --threads > 1)",
     )
     p.add_argument(
+        "--loaded",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also build in a process that loaded the tokenizer first, as gigatoken's is (default: on)",
+    )
+    p.add_argument(
         "--with-reference-backend", action="store_true", help='also build with tokenizer_backend="reference" (slow)'
     )
     p.add_argument("--no-reference", action="store_true", help="only the builds: no reference library, no gigatoken")
@@ -578,13 +610,18 @@ def main() -> None:
     p.add_argument("--smoke", action="store_true", help="~3 MB of the first input file and one run: checks the script")
     p.add_argument("--workdir", default=None, help="scratch folder for the caches (default: a temp folder)")
     p.add_argument("--out", default=None, help="also write the markdown here")
-    p.add_argument("--child", choices=["build", "reference", "gigatoken"], help=argparse.SUPPRESS)
+    p.add_argument("--child", choices=["build", "build_loaded", "reference", "gigatoken"], help=argparse.SUPPRESS)
     p.add_argument("--tokenizer-one", help=argparse.SUPPRESS)
     p.add_argument("--backend", default="auto", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         args.tokenizer = args.tokenizer_one
-        child = {"build": child_build, "reference": child_reference, "gigatoken": child_gigatoken}[args.child]
+        child = {
+            "build": child_build,
+            "build_loaded": lambda a: child_build(a, loaded=True),
+            "reference": child_reference,
+            "gigatoken": child_gigatoken,
+        }[args.child]
         print(json.dumps(child(args)))
         return
     names = args.tokenizers.split(",")
@@ -610,6 +647,7 @@ def main() -> None:
             for name in names:
                 r = results[(case, name)] = {
                     "build": [],
+                    "build_loaded": [],
                     "build_1": [],
                     "build_ref": [],
                     "reference": [],
@@ -619,6 +657,8 @@ def main() -> None:
                     # Alternate builds and baselines so drifting machine load hits all alike.
                     tag = f"[{case} {name} run {run + 1}/{args.runs}]"
                     steps = [("build", "build", args.threads, "auto")]
+                    if args.loaded:
+                        steps.append(("build_loaded", "build_loaded", args.threads, "auto"))
                     if args.scaling:
                         steps.append(("build_1", "build", 1, "auto"))
                     if args.with_reference_backend:

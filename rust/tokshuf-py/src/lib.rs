@@ -90,7 +90,8 @@ impl Tokenizer {
     fn new(py: Python<'_>, spec: PathBuf, allow_special_tokens: bool, backend: &str) -> PyResult<Self> {
         let backend = Backend::parse(backend).map_err(to_pyerr)?;
         let spec = options::spec_text(spec)?;
-        let inner = run_detached(py, move |_| tokshuf_core::tokenize::Tokenizer::load(&spec, allow_special_tokens, backend))?;
+        // The same load as a build's: a build after it in this process does not load it again.
+        let inner = run_detached(py, move |_| tokshuf_core::tokenize::Tokenizer::load_shared(&spec, allow_special_tokens, backend))?;
         Ok(Tokenizer { inner })
     }
     #[getter]

@@ -27,7 +27,7 @@ use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -121,24 +121,9 @@ struct PlannedBins {
     bin_tokens: Vec<u64>,
 }
 
-/// The tokenizer of `opts`, loaded once per process: a worker runs many tasks of one build, and
-/// loading takes 0.1-0.3 s. Keyed by the spec file's size and mtime too, so a tokenizer file
-/// replaced in place is loaded again.
+/// The tokenizer of `opts`, loaded once per process: a worker runs many tasks of one build.
 fn load_tokenizer(opts: &BuildOptions) -> Result<Tokenizer> {
-    static LOADED: Mutex<Vec<(String, Tokenizer)>> = Mutex::new(Vec::new());
-    let stamp = std::fs::metadata(&opts.tokenizer).ok().map(|m| (m.len(), m.modified().ok()));
-    let key = format!("{}\0{}\0{:?}\0{:?}", opts.tokenizer, opts.allow_special_tokens, opts.tokenizer_backend, stamp);
-    if let Some(tok) = LOADED.lock().ok().and_then(|l| l.iter().find(|(k, _)| *k == key).map(|(_, t)| t.clone())) {
-        return Ok(tok);
-    }
-    let tok = Tokenizer::load(&opts.tokenizer, opts.allow_special_tokens, opts.tokenizer_backend)?;
-    if let Ok(mut loaded) = LOADED.lock() {
-        if loaded.len() >= 4 {
-            loaded.remove(0);
-        }
-        loaded.push((key, tok.clone()));
-    }
-    Ok(tok)
+    Tokenizer::load_shared(&opts.tokenizer, opts.allow_special_tokens, opts.tokenizer_backend)
 }
 
 /// Load `opts`' tokenizer into this process (a worker warming up before its first task);

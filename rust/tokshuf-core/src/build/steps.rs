@@ -65,7 +65,7 @@ impl Job {
 /// Step 1: load the tokenizer and make the recipe; the job of building it into `opts.output`.
 pub fn plan(opts: &BuildOptions) -> Result<(Job, Tokenizer)> {
     opts.validate()?;
-    let tok = Tokenizer::load(&opts.tokenizer, opts.allow_special_tokens, opts.tokenizer_backend)?;
+    let tok = Tokenizer::load_shared(&opts.tokenizer, opts.allow_special_tokens, opts.tokenizer_backend)?;
     Ok((job(opts, &tok)?, tok))
 }
 

@@ -35,7 +35,7 @@ pub use encoder::Encoder;
 pub use tiktoken::{tiktoken_data, TIKTOKEN_NAMES};
 pub use tokenizer_json::tokenizer_json_path;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use self::tiktoken::load_tiktoken;
 use self::tokenizer_json::load_tokenizer_json;
@@ -112,6 +112,31 @@ impl Tokenizer {
         };
         load_tokenizer_json(&spec, &tokenizer_json_path(&spec)?, allow_special, backend)
     }
+
+    /// `load`, remembered for the rest of the process (the last `KEPT`): a process that builds
+    /// several caches with one tokenizer (a script building a training and a validation
+    /// cache, a Ray worker's tasks) loads it once, where loading GPT-NeoX's tokenizer.json is a
+    /// quarter of a 10 MB build. A tokenizer.json is known by the file its spec names now (an
+    /// `hf:` spec follows the cache's `refs/main`), its size and its modification time, so a
+    /// file replaced or edited is loaded again.
+    pub fn load_shared(spec: &str, allow_special: bool, backend: Backend) -> Result<Tokenizer> {
+        const KEPT: usize = 4;
+        static LOADED: Mutex<Vec<(String, Tokenizer)>> = Mutex::new(Vec::new());
+        let file = if spec.starts_with("tiktoken:") { None } else { tokenizer_json_path(spec).ok() };
+        let stamp = file.as_ref().and_then(|p| std::fs::metadata(p).ok()).map(|m| (m.len(), m.modified().ok()));
+        let key = format!("{spec}\0{allow_special}\0{backend:?}\0{file:?}\0{stamp:?}");
+        if let Some(tok) = LOADED.lock().ok().and_then(|l| l.iter().find(|(k, _)| *k == key).map(|(_, t)| t.clone())) {
+            return Ok(tok);
+        }
+        let tok = Tokenizer::load(spec, allow_special, backend)?;
+        if let Ok(mut loaded) = LOADED.lock() {
+            if loaded.len() >= KEPT {
+                loaded.remove(0);
+            }
+            loaded.push((key, tok.clone()));
+        }
+        Ok(tok)
+    }
 }
 
 /// `(a(), b())`, `a` on a thread of its own: a tokenizer's load uses two cores without a
@@ -160,6 +185,47 @@ mod tests {
         c.encoder.encode_into("hello world<|endoftext|>", &mut out).unwrap();
         assert_eq!(c.encoder.decode(&out).unwrap(), "hello world<|endoftext|>");
         assert!(!out.contains(&100257));
+    }
+
+    /// A process loads a tokenizer once for all its builds, and again once its file changed.
+    #[test]
+    fn shared_loads_are_reused_until_the_file_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokenizer.json");
+        let file = |merges: &[&str]| {
+            let vocab: serde_json::Map<String, serde_json::Value> = hfbpe::byte_level_alphabet()
+                .iter()
+                .enumerate()
+                .map(|(i, c)| (c.to_string(), i.into()))
+                .chain([("ab".to_string(), 256.into())])
+                .collect();
+            let json = serde_json::json!({
+                "added_tokens": [],
+                "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+                "model": {"type": "BPE", "vocab": vocab, "merges": merges},
+            });
+            std::fs::write(&path, serde_json::to_vec(&json).unwrap()).unwrap();
+        };
+        let ids = |t: &Tokenizer| {
+            let mut out = vec![];
+            t.encoder.encode_into("abab", &mut out).unwrap();
+            out
+        };
+        file(&[]);
+        let spec = path.to_str().unwrap();
+        let first = Tokenizer::load_shared(spec, false, Backend::Auto).unwrap();
+        let again = Tokenizer::load_shared(spec, false, Backend::Auto).unwrap();
+        assert!(Arc::ptr_eq(&first.encoder, &again.encoder));
+        assert_eq!(ids(&again), [97, 98, 97, 98]);
+        // Another backend or option is another tokenizer.
+        let reference = Tokenizer::load_shared(spec, false, Backend::Reference).unwrap();
+        assert!(!Arc::ptr_eq(&first.encoder, &reference.encoder));
+        // The file rewritten (another size): loaded again, with its merge.
+        file(&["a b"]);
+        let edited = Tokenizer::load_shared(spec, false, Backend::Auto).unwrap();
+        assert!(!Arc::ptr_eq(&first.encoder, &edited.encoder));
+        assert_ne!(edited.sha256, first.sha256);
+        assert_eq!(ids(&edited), [256, 256]);
     }
 
     #[test]
