@@ -97,6 +97,9 @@ class Tokenizer:
             (plain ``encode``); by default they are ordinary text.
         backend: ``"auto"``, ``"fast"`` or ``"reference"`` (see ``build_cache``'s
             ``tokenizer_backend``).
+
+    A process loads each tokenizer once: later Tokenizers and builds with the same spec and
+    options share it (until its file changes).
     """
 
     def __new__(
