@@ -116,15 +116,22 @@ impl Tokenizer {
     /// `load`, remembered for the rest of the process (the last `KEPT`): a process that builds
     /// several caches with one tokenizer (a script building a training and a validation
     /// cache, a Ray worker's tasks) loads it once, where loading GPT-NeoX's tokenizer.json is a
-    /// quarter of a 10 MB build. A tokenizer.json is known by the file its spec names now (an
-    /// `hf:` spec follows the cache's `refs/main`), its size and its modification time, so a
-    /// file replaced or edited is loaded again.
+    /// quarter of a 10 MB build. A tokenizer.json is known by the SHA-256 of the file its spec
+    /// names now (an `hf:` spec follows the cache's `refs/main`): a file replaced or edited is
+    /// loaded again, whatever its size and modification time say. Reading and hashing it is a
+    /// tenth of loading it.
     pub fn load_shared(spec: &str, allow_special: bool, backend: Backend) -> Result<Tokenizer> {
+        use sha2::{Digest, Sha256};
         const KEPT: usize = 4;
         static LOADED: Mutex<Vec<(String, Tokenizer)>> = Mutex::new(Vec::new());
         let file = if spec.starts_with("tiktoken:") { None } else { tokenizer_json_path(spec).ok() };
-        let stamp = file.as_ref().and_then(|p| std::fs::metadata(p).ok()).map(|m| (m.len(), m.modified().ok()));
-        let key = format!("{spec}\0{allow_special}\0{backend:?}\0{file:?}\0{stamp:?}");
+        let content = match file.map(std::fs::read) {
+            Some(Ok(bytes)) => crate::format::hex(&Sha256::digest(&bytes)),
+            // Nothing to read: `load` says why.
+            Some(Err(_)) => return Tokenizer::load(spec, allow_special, backend),
+            None => String::new(),
+        };
+        let key = format!("{spec}\0{allow_special}\0{backend:?}\0{content}");
         if let Some(tok) = LOADED.lock().ok().and_then(|l| l.iter().find(|(k, _)| *k == key).map(|(_, t)| t.clone())) {
             return Ok(tok);
         }
@@ -197,7 +204,7 @@ mod tests {
                 .iter()
                 .enumerate()
                 .map(|(i, c)| (c.to_string(), i.into()))
-                .chain([("ab".to_string(), 256.into())])
+                .chain([("ab".to_string(), 256.into()), ("ba".to_string(), 257.into())])
                 .collect();
             let json = serde_json::json!({
                 "added_tokens": [],
@@ -220,12 +227,18 @@ mod tests {
         // Another backend or option is another tokenizer.
         let reference = Tokenizer::load_shared(spec, false, Backend::Reference).unwrap();
         assert!(!Arc::ptr_eq(&first.encoder, &reference.encoder));
-        // The file rewritten (another size): loaded again, with its merge.
+        // The file rewritten: loaded again, with its merge.
         file(&["a b"]);
         let edited = Tokenizer::load_shared(spec, false, Backend::Auto).unwrap();
         assert!(!Arc::ptr_eq(&first.encoder, &edited.encoder));
         assert_ne!(edited.sha256, first.sha256);
         assert_eq!(ids(&edited), [256, 256]);
+        // Rewritten to the same size with its old modification time: known by its bytes.
+        let mtime = std::fs::metadata(&path).unwrap().modified().unwrap();
+        file(&["b a"]);
+        std::fs::File::options().write(true).open(&path).unwrap().set_modified(mtime).unwrap();
+        let same_size = Tokenizer::load_shared(spec, false, Backend::Auto).unwrap();
+        assert_eq!(ids(&same_size), [97, 257, 98]);
     }
 
     #[test]
