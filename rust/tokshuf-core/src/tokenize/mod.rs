@@ -38,7 +38,7 @@ pub use tokenizer_json::tokenizer_json_path;
 use std::sync::{Arc, Mutex};
 
 use self::tiktoken::load_tiktoken;
-use self::tokenizer_json::load_tokenizer_json;
+use self::tokenizer_json::{load_tokenizer_json, JsonFile};
 use crate::error::{Error, Result};
 
 /// Which implementation encodes: `Auto` takes the fast backend where it models the
@@ -105,12 +105,8 @@ impl Tokenizer {
             }
             return load_tiktoken(spec, name, backend);
         }
-        // A bare `ORG/NAME` is recorded as the `hf:` spec it resolves as.
-        let spec = match tokenizer_json::hub_name(spec) {
-            Some(repo) => format!("hf:{repo}"),
-            None => spec.to_string(),
-        };
-        load_tokenizer_json(&spec, &tokenizer_json_path(&spec)?, allow_special, backend)
+        let spec = json_spec(spec);
+        load_tokenizer_json(&spec, JsonFile::read(&tokenizer_json_path(&spec)?)?, allow_special, backend)
     }
 
     /// `load`, remembered for the rest of the process (the last `KEPT`): a process that builds
@@ -121,28 +117,44 @@ impl Tokenizer {
     /// loaded again, whatever its size and modification time say. Reading and hashing it is a
     /// tenth of loading it.
     pub fn load_shared(spec: &str, allow_special: bool, backend: Backend) -> Result<Tokenizer> {
-        use sha2::{Digest, Sha256};
         const KEPT: usize = 4;
         static LOADED: Mutex<Vec<(String, Tokenizer)>> = Mutex::new(Vec::new());
-        let file = if spec.starts_with("tiktoken:") { None } else { tokenizer_json_path(spec).ok() };
-        let content = match file.map(std::fs::read) {
-            Some(Ok(bytes)) => crate::format::hex(&Sha256::digest(&bytes)),
-            // Nothing to read: `load` says why.
-            Some(Err(_)) => return Tokenizer::load(spec, allow_special, backend),
-            None => String::new(),
-        };
+        let mut file = None;
+        if !spec.starts_with("tiktoken:") {
+            match tokenizer_json_path(spec).and_then(|p| JsonFile::read(&p)) {
+                Ok(f) => file = Some(f),
+                Err(_) => return Tokenizer::load(spec, allow_special, backend), // which says why
+            }
+        }
+        let content = file.as_mut().map_or(String::new(), |f| f.sha256().to_string());
         let key = format!("{spec}\0{allow_special}\0{backend:?}\0{content}");
         if let Some(tok) = LOADED.lock().ok().and_then(|l| l.iter().find(|(k, _)| *k == key).map(|(_, t)| t.clone())) {
             return Ok(tok);
         }
-        let tok = Tokenizer::load(spec, allow_special, backend)?;
+        // The file as read and hashed above: the load neither reads nor hashes it again.
+        let tok = match file {
+            Some(f) => load_tokenizer_json(&json_spec(spec), f, allow_special, backend)?,
+            None => Tokenizer::load(spec, allow_special, backend)?,
+        };
         if let Ok(mut loaded) = LOADED.lock() {
-            if loaded.len() >= KEPT {
-                loaded.remove(0);
+            // Two threads may have loaded it at once: one entry is enough.
+            if !loaded.iter().any(|(k, _)| *k == key) {
+                if loaded.len() >= KEPT {
+                    loaded.remove(0);
+                }
+                loaded.push((key, tok.clone()));
             }
-            loaded.push((key, tok.clone()));
         }
         Ok(tok)
+    }
+}
+
+/// The spec a tokenizer.json is recorded under: a bare `ORG/NAME` as the `hf:` spec it
+/// resolves as.
+fn json_spec(spec: &str) -> String {
+    match tokenizer_json::hub_name(spec) {
+        Some(repo) => format!("hf:{repo}"),
+        None => spec.to_string(),
     }
 }
 
@@ -245,6 +257,8 @@ mod tests {
     fn unknown_specs_are_errors() {
         assert!(matches!(Tokenizer::load("tiktoken:nope", false, Backend::Auto), Err(Error::Tokenizer(_))));
         assert!(matches!(Tokenizer::load("/no/such/tokenizer.json", false, Backend::Auto), Err(Error::Tokenizer(_))));
+        assert!(matches!(Tokenizer::load_shared("/no/such/tokenizer.json", false, Backend::Auto), Err(Error::Tokenizer(_))));
+        assert!(matches!(Tokenizer::load_shared("tiktoken:r50k_base", true, Backend::Auto), Err(Error::Config(_))));
         assert!(matches!(Tokenizer::load("hf:no-org/no-model", false, Backend::Auto), Err(Error::Tokenizer(_))));
         match Tokenizer::load("no-org/no-model", false, Backend::Auto) {
             Err(Error::Tokenizer(m)) => assert!(m.contains("hf download no-org/no-model tokenizer.json"), "{m}"),

@@ -104,10 +104,31 @@ fn load_hf(path: &Path, bytes: &[u8], allow_special: bool) -> Result<(tokenizers
     Ok((tok, pad_id))
 }
 
-pub(super) fn load_tokenizer_json(spec: &str, path: &Path, allow_special: bool, backend: Backend) -> Result<Tokenizer> {
-    let bytes: Arc<[u8]> = std::fs::read(path).map_err(|e| Error::io(path, e))?.into();
+/// A tokenizer.json as read, and the SHA-256 of its bytes where already computed.
+pub(super) struct JsonFile {
+    path: PathBuf,
+    bytes: Vec<u8>,
+    sha256: Option<String>,
+}
+
+impl JsonFile {
+    pub(super) fn read(path: &Path) -> Result<JsonFile> {
+        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        Ok(JsonFile { path: path.to_path_buf(), bytes, sha256: None })
+    }
+
+    /// The SHA-256 of its bytes, computed once (the load then reuses it).
+    pub(super) fn sha256(&mut self) -> &str {
+        let bytes = &self.bytes;
+        self.sha256.get_or_insert_with(|| crate::format::hex(&Sha256::digest(bytes)))
+    }
+}
+
+pub(super) fn load_tokenizer_json(spec: &str, file: JsonFile, allow_special: bool, backend: Backend) -> Result<Tokenizer> {
+    let JsonFile { path, bytes, sha256 } = file;
+    let (path, bytes): (&Path, Arc<[u8]>) = (&path, bytes.into());
     let fast = backend != Backend::Reference;
-    let hash = || crate::format::hex(&Sha256::digest(&bytes));
+    let hash = || sha256.clone().unwrap_or_else(|| crate::format::hex(&Sha256::digest(&bytes)));
     let text = fast.then(|| needless_escapes_written_out(&bytes));
     // Beside the model: the hash, and the fast backend's class table.
     let (sha256, parts) = side_by_side(
