@@ -357,6 +357,11 @@ def tps(x: dict) -> float:
     return x["num_tokens"] / 1e6 / x.get("wall_s", x.get("encode_s"))
 
 
+# The builds each run makes (those asked for), in table order, and how the tables tell them apart.
+BUILDS = ("build", "build_loaded", "build_1", "build_ref")
+BUILD_LABELS = {"build_loaded": ", tokenizer loaded first", "build_ref": ', tokenizer_backend="reference"'}
+
+
 def per_run_ratio(builds: List[dict], baseline: List[dict]) -> float:
     """Median over runs of build MB/s / baseline MB/s, each pair measured side by side."""
     pairs = [(b, g) for b, g in zip(builds, baseline) if "skipped" not in g]
@@ -414,12 +419,8 @@ def report(args, results: Dict[tuple, dict], cases: Dict[str, List[str]]) -> str
         ref_mbs = med([mbs(x) for x in ref]) if ref else nan
         giga_mbs = med([mbs(x) for x in giga]) if giga else nan
         n_mbs = med([mbs(x) for x in r["build"]])
-        for key, threads in (
-            ("build", args.threads),
-            ("build_loaded", args.threads),
-            ("build_1", 1),
-            ("build_ref", args.threads),
-        ):
+        for key in BUILDS:
+            threads = 1 if key == "build_1" else args.threads
             builds = r[key]
             if not builds:
                 continue
@@ -427,10 +428,7 @@ def report(args, results: Dict[tuple, dict], cases: Dict[str, List[str]]) -> str
             rss = max(x["ru_maxrss_bytes"] for x in builds) / 2**20
             own_rss = max((x["peak_rss_bytes"] or 0) for x in builds) / 2**20
             note = f"1->{args.threads} threads speed-up {n_mbs / b_mbs:.2f}x" if key == "build_1" else ""
-            backend = builds[0]["backend"] + {
-                "build_ref": ', tokenizer_backend="reference"',
-                "build_loaded": ", tokenizer loaded first",
-            }.get(key, "")
+            backend = builds[0]["backend"] + BUILD_LABELS.get(key, "")
             lines.append(
                 f"| {case} | {name} | tokshuf build_cache end to end ({backend}) | {threads} | "
                 f"{b_mbs:.2f} | {med([tps(x) for x in builds]):.2f} | {ratio(b_mbs, ref_mbs)} | "
@@ -455,9 +453,8 @@ def report(args, results: Dict[tuple, dict], cases: Dict[str, List[str]]) -> str
             )
     # Stage times, in the order the build runs them.
     order = {"tokenize_s": 0, "plan_s": 1, "write_s": 2}
-    keys = ("build", "build_loaded", "build_1", "build_ref")
     stages = sorted(
-        {k for r in results.values() for key in keys for x in r[key] for k in x["durations"]},
+        {k for r in results.values() for key in BUILDS for x in r[key] for k in x["durations"]},
         key=lambda k: (order.get(k, 9), k),
     )
     lines += [
@@ -469,19 +466,14 @@ def report(args, results: Dict[tuple, dict], cases: Dict[str, List[str]]) -> str
         "|---|---|---|---:|" + "---:|" * (len(stages) + 1),
     ]
     for (case, name), r in results.items():
-        for key, threads in (
-            ("build", args.threads),
-            ("build_loaded", args.threads),
-            ("build_1", 1),
-            ("build_ref", args.threads),
-        ):
+        for key in BUILDS:
+            threads = 1 if key == "build_1" else args.threads
             builds = r[key]
             if not builds:
                 continue
             cells = [f"{med([x['durations'].get(k, 0.0) for x in builds]):.2f}" for k in stages]
-            loaded = ", tokenizer loaded first" if key == "build_loaded" else ""
             lines.append(
-                f"| {case} | {name} | {builds[0]['backend']}{loaded} | {threads} | "
+                f"| {case} | {name} | {builds[0]['backend']}{BUILD_LABELS.get(key, '')} | {threads} | "
                 + " | ".join(cells)
                 + f" | {med([x['total_s'] for x in builds]):.2f} |"
             )
@@ -645,14 +637,7 @@ def main() -> None:
         results = {}
         for case, inputs in cases.items():
             for name in names:
-                r = results[(case, name)] = {
-                    "build": [],
-                    "build_loaded": [],
-                    "build_1": [],
-                    "build_ref": [],
-                    "reference": [],
-                    "gigatoken": [],
-                }
+                r = results[(case, name)] = {key: [] for key in (*BUILDS, "reference", "gigatoken")}
                 for run in range(args.runs):
                     # Alternate builds and baselines so drifting machine load hits all alike.
                     tag = f"[{case} {name} run {run + 1}/{args.runs}]"
