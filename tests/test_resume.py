@@ -55,19 +55,20 @@ FINAL = [
 ]
 # After either of these the cache is complete: only one of them can be hit.
 DONE = ["complete", "cleanup"]
-# shuffle=False streams: shards are written while files are tokenized, so "stage 2" is part of
-# stage 1 there.
+# shuffle=False streams: shards are written while files are tokenized, by other threads, so
+# whether a run's N-th shard comes before or after its last file (and the stitch and plan after
+# it) is timing: the shard points are killed at in a test of their own
+# (test_a_streaming_build_killed_while_it_writes_shards_resumes_identically), and this walk
+# takes the points of the thread that tokenizes, which come in this order.
 STREAM_STAGE1 = [
     "atomic_partial:tokshuf.json[streaming]",
     "start",
-    "stage2.tmp",
     "stage1.spill",
-    "stage2.shard:2",
     "stage1.file",
     "atomic_partial:f0*",
-    "stage2.tmp:3",
     "stage1.spill:2",
 ]
+STREAM_SHARDS = ["stage2.tmp", "stage2.shard:2", "stage2.tmp:3"]
 
 PHASES = {
     True: [
@@ -77,7 +78,7 @@ PHASES = {
         ("final", FINAL, 2),
         ("done", DONE, 1),
     ],
-    False: [("stage1", STREAM_STAGE1, 6), ("between", BETWEEN, 2), ("final", FINAL, 2), ("done", DONE, 1)],
+    False: [("stage1", STREAM_STAGE1, 5), ("between", BETWEEN, 2), ("final", FINAL, 2), ("done", DONE, 1)],
 }
 
 
@@ -105,8 +106,24 @@ def test_killed_at_named_points_resumes_identically(tmp_path, shuffle, seed):
                 hit.append((phase, point))
             else:
                 hit.append(("missed", point))
-    assert len([h for h in hit if h[0] != "missed"]) >= 10, hit
+    # One point may be missed: an earlier run may have done the work it marks.
+    assert len([h for h in hit if h[0] != "missed"]) >= sum(k for _, _, k in PHASES[shuffle]) - 1, hit
     assert {phase for phase, _ in hit} == {phase for phase, _, _ in PHASES[shuffle]}, hit  # all hit
+    tokshuf.build_cache(inputs, got, **opts)
+    assert_same_cache(got, want)
+
+
+@pytest.mark.parametrize("point", STREAM_SHARDS)
+def test_a_streaming_build_killed_while_it_writes_shards_resumes_identically(tmp_path, point):
+    """Killed at its N-th shard, twice (a fresh run always writes that many; the resumed one may
+    have fewer left), a streaming build resumes to the clean build's cache."""
+    inputs = make_corpus(tmp_path / "in")
+    opts = dict(OPTS, shuffle=False)
+    want = tmp_path / "clean"
+    tokshuf.build_cache(inputs, want, **opts)
+    got = tmp_path / "resumed"
+    assert run_to_pause(inputs, got, opts, point, tmp_path / "trace.txt") == point
+    run_to_pause(inputs, got, opts, point, tmp_path / "trace.txt")
     tokshuf.build_cache(inputs, got, **opts)
     assert_same_cache(got, want)
 
