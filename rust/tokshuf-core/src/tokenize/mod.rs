@@ -99,14 +99,21 @@ impl Tokenizer {
     /// `allow_special`: special-token strings in text become their control ids (plain HF
     /// `encode`); only meaningful for tokenizer.json files.
     pub fn load(spec: &str, allow_special: bool, backend: Backend) -> Result<Tokenizer> {
-        if let Some(name) = spec.strip_prefix("tiktoken:") {
-            if allow_special {
-                return Err(Error::Config("allow_special_tokens is only supported for tokenizer.json tokenizers".into()));
+        Tokenizer::load_from(spec, Source::of(spec)?, allow_special, backend)
+    }
+
+    fn load_from(spec: &str, source: Source, allow_special: bool, backend: Backend) -> Result<Tokenizer> {
+        match source {
+            Source::Tiktoken(_) if allow_special => {
+                Err(Error::Config("allow_special_tokens is only supported for tokenizer.json tokenizers".into()))
             }
-            return load_tiktoken(spec, name, backend);
+            Source::Tiktoken(name) => load_tiktoken(spec, name, backend),
+            // A bare `ORG/NAME` is recorded as the `hf:` spec it resolves as.
+            Source::Json(file) => {
+                let spec = tokenizer_json::hub_name(spec).map_or_else(|| spec.to_string(), |repo| format!("hf:{repo}"));
+                load_tokenizer_json(&spec, file, allow_special, backend)
+            }
         }
-        let spec = json_spec(spec);
-        load_tokenizer_json(&spec, JsonFile::read(&tokenizer_json_path(&spec)?)?, allow_special, backend)
     }
 
     /// `load`, remembered for the rest of the process (the last `KEPT`): a process that builds
@@ -119,23 +126,17 @@ impl Tokenizer {
     pub fn load_shared(spec: &str, allow_special: bool, backend: Backend) -> Result<Tokenizer> {
         const KEPT: usize = 4;
         static LOADED: Mutex<Vec<(String, Tokenizer)>> = Mutex::new(Vec::new());
-        let mut file = None;
-        if !spec.starts_with("tiktoken:") {
-            match tokenizer_json_path(spec).and_then(|p| JsonFile::read(&p)) {
-                Ok(f) => file = Some(f),
-                Err(_) => return Tokenizer::load(spec, allow_special, backend), // which says why
-            }
-        }
-        let content = file.as_mut().map_or(String::new(), |f| f.sha256().to_string());
+        let mut source = Source::of(spec)?;
+        let content = match &mut source {
+            Source::Json(file) => file.sha256().to_string(),
+            Source::Tiktoken(_) => String::new(),
+        };
         let key = format!("{spec}\0{allow_special}\0{backend:?}\0{content}");
         if let Some(tok) = LOADED.lock().ok().and_then(|l| l.iter().find(|(k, _)| *k == key).map(|(_, t)| t.clone())) {
             return Ok(tok);
         }
         // The file as read and hashed above: the load neither reads nor hashes it again.
-        let tok = match file {
-            Some(f) => load_tokenizer_json(&json_spec(spec), f, allow_special, backend)?,
-            None => Tokenizer::load(spec, allow_special, backend)?,
-        };
+        let tok = Tokenizer::load_from(spec, source, allow_special, backend)?;
         if let Ok(mut loaded) = LOADED.lock() {
             // Two threads may have loaded it at once: one entry is enough.
             if !loaded.iter().any(|(k, _)| *k == key) {
@@ -149,12 +150,18 @@ impl Tokenizer {
     }
 }
 
-/// The spec a tokenizer.json is recorded under: a bare `ORG/NAME` as the `hf:` spec it
-/// resolves as.
-fn json_spec(spec: &str) -> String {
-    match tokenizer_json::hub_name(spec) {
-        Some(repo) => format!("hf:{repo}"),
-        None => spec.to_string(),
+/// What a spec names: an embedded tiktoken encoding, or a tokenizer.json (read).
+enum Source<'a> {
+    Tiktoken(&'a str),
+    Json(JsonFile),
+}
+
+impl Source<'_> {
+    fn of(spec: &str) -> Result<Source<'_>> {
+        Ok(match spec.strip_prefix("tiktoken:") {
+            Some(name) => Source::Tiktoken(name),
+            None => Source::Json(JsonFile::read(&tokenizer_json_path(spec)?)?),
+        })
     }
 }
 

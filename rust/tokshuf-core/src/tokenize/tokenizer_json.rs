@@ -125,10 +125,10 @@ impl JsonFile {
 }
 
 pub(super) fn load_tokenizer_json(spec: &str, file: JsonFile, allow_special: bool, backend: Backend) -> Result<Tokenizer> {
-    let JsonFile { path, bytes, sha256 } = file;
-    let (path, bytes): (&Path, Arc<[u8]>) = (&path, bytes.into());
+    let JsonFile { path, bytes, sha256: known } = file;
+    let bytes: Arc<[u8]> = bytes.into();
     let fast = backend != Backend::Reference;
-    let hash = || sha256.clone().unwrap_or_else(|| crate::format::hex(&Sha256::digest(&bytes)));
+    let hash = || known.clone().unwrap_or_else(|| crate::format::hex(&Sha256::digest(&bytes)));
     let text = fast.then(|| needless_escapes_written_out(&bytes));
     // Beside the model: the hash, and the fast backend's class table.
     let (sha256, parts) = side_by_side(
@@ -146,8 +146,8 @@ pub(super) fn load_tokenizer_json(spec: &str, file: JsonFile, allow_special: boo
         Some(Ok(p)) if p.knows_added_tokens() => {
             let [eot_id, pad_id, bos_id] = special_ids(|t| p.token_id(t));
             let pad_id = p.pad_id().or(pad_id);
-            let vocab_size = id_bound(path, p.max_id(), p.vocab_size())?;
-            let reference = Arc::new(LazyHf { path: path.to_path_buf(), bytes: bytes.clone(), allow_special, tok: OnceLock::new() });
+            let vocab_size = id_bound(&path, p.max_id(), p.vocab_size())?;
+            let reference = Arc::new(LazyHf { path: path.clone(), bytes: bytes.clone(), allow_special, tok: OnceLock::new() });
             match FastEncoder::tokenizer_json(p, allow_special, reference) {
                 Ok(fast) => {
                     let (backend, encoder) = (FAST_BACKEND, Arc::new(fast));
@@ -158,10 +158,10 @@ pub(super) fn load_tokenizer_json(spec: &str, file: JsonFile, allow_special: boo
         }
         other => other,
     };
-    let (tok, padding) = load_hf(path, &bytes, allow_special)?;
+    let (tok, padding) = load_hf(&path, &bytes, allow_special)?;
     let [eot_id, pad_id, bos_id] = special_ids(|t| tok.token_to_id(t));
     let pad_id = padding.or(pad_id);
-    let vocab_size = id_bound(path, tok.get_vocab(true).into_values().max(), tok.get_vocab_size(true))?;
+    let vocab_size = id_bound(&path, tok.get_vocab(true).into_values().max(), tok.get_vocab_size(true))?;
     let tok = Arc::new(tok);
     let reference: Arc<dyn Encoder> = Arc::new(HfTokenizer(tok.clone()));
     let (encoder, backend) = choose(spec, backend, (reference.clone(), "hf-tokenizers"), || {
