@@ -170,14 +170,20 @@ def flip_spill_bytes(out: Path) -> None:
         spill.write_bytes(bytes(data))
 
 
-def lose_unsynced_spill_tails(out: Path) -> None:
-    # A power cut before the kernel wrote a spill out: a one-machine build does not fsync its
-    # spills, so after a reboot one may be short (its last pages lost) or empty.
-    spills = sorted((out / ".tokshuf-work").glob("f*.ctx"))
-    assert spills
+def lose_unsynced_work_files(out: Path) -> None:
+    # A power cut before the kernel wrote the work folder out: a one-machine build fsyncs
+    # neither its spills nor their summaries, so after a reboot a spill may be short (its last
+    # pages lost) or empty, and a summary empty or cut short.
+    work = out / ".tokshuf-work"
+    spills = sorted(work.glob("f*.ctx"))
+    assert len(spills) >= 3
     for k, spill in enumerate(spills):
+        if k % 3 == 2:
+            summary = spill.with_suffix(".json")
+            summary.write_bytes(summary.read_bytes()[: [0, 40][k % 2]])
+            continue
         data = spill.read_bytes()
-        spill.write_bytes(data[: len(data) // 2 // 4096 * 4096] if k % 2 == 0 else b"")
+        spill.write_bytes(data[: len(data) // 2 // 4096 * 4096] if k % 3 == 0 else b"")
 
 
 def complete_too_early(out: Path) -> None:
@@ -187,13 +193,14 @@ def complete_too_early(out: Path) -> None:
 
 @pytest.mark.parametrize(
     "damage",
-    [damage_unlisted_shard, truncate_listed_shard, flip_spill_bytes, lose_unsynced_spill_tails, complete_too_early],
+    [damage_unlisted_shard, truncate_listed_shard, flip_spill_bytes, lose_unsynced_work_files, complete_too_early],
 )
 def test_what_a_killed_run_left_damaged_is_not_trusted(tmp_path, damage):
     """A resumed build writes again any shard no manifest line vouches for, rather than hash
     it (which would bless the damage: verify --full could not see it then), and tokenizes again
-    a file whose spill no longer has its checksum (changed, or cut short by a power cut); a
-    tokshuf.json that says complete is checked before the build returns it."""
+    a file whose spill no longer has its checksum (changed, or cut short by a power cut) or
+    whose summary cannot be read; a tokshuf.json that says complete is checked before the build
+    returns it."""
     inputs = make_corpus(tmp_path / "in")
     want = tmp_path / "clean"
     tokshuf.build_cache(inputs, want, **OPTS)

@@ -524,7 +524,10 @@ impl FileWriter {
         let summary = FileSummary { bin_examples: vec![0; nbins], bin_tokens: vec![0; nbins], ..Default::default() };
         Ok(FileWriter {
             // Stage 2 reads the spill soon: its pages stay in the page cache.
-            out: BufWriter::with_capacity(buffer, Streamed::new(shared.clone(), Cache::Keep)),
+            out: BufWriter::with_capacity(
+                buffer,
+                Streamed::new(shared.clone(), if cfg.sync_spills { Cache::Keep } else { Cache::Scratch }),
+            ),
             shared,
             tmp,
             cur: Vec::with_capacity(cfg.seqlen),
@@ -705,7 +708,13 @@ impl FileWriter {
         crate::testhook::point("stage1.spill");
         self.summary.spill_crc32 = Some(self.crc.clone().finalize());
         self.summary.pos_crc32 = self.pos_crc.iter().map(|h| h.clone().finalize()).collect();
-        format::write_atomic(&summary_path(work, file), &format::to_json_bytes(&self.summary))?;
+        let (path, data) = (summary_path(work, file), format::to_json_bytes(&self.summary));
+        if cfg.sync_spills {
+            format::write_atomic(&path, &data)?;
+        } else {
+            // `resume::check_spills` redoes a file whose summary a power cut left unreadable.
+            format::write_atomic_unsynced(&path, &data)?;
+        }
         crate::testhook::point("stage1.file");
         Ok((self.summary, spill_bytes))
     }

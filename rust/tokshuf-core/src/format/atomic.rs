@@ -23,6 +23,16 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
 
 /// `write_atomic`, naming the write `name` for the test hooks (`testhook`).
 pub fn write_atomic_as(path: &Path, data: &[u8], name: &str) -> Result<()> {
+    write_renamed(path, data, name, true)
+}
+
+/// `write_atomic` without the fsync: after a power cut the file may be missing, empty or
+/// partly written, so only for files whose reader treats an unreadable one as never written.
+pub fn write_atomic_unsynced(path: &Path, data: &[u8]) -> Result<()> {
+    write_renamed(path, data, &path.file_name().unwrap_or_default().to_string_lossy(), false)
+}
+
+fn write_renamed(path: &Path, data: &[u8], name: &str, sync: bool) -> Result<()> {
     use std::io::Write;
     let tmp = tmp_name(path);
     let mut f = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
@@ -32,7 +42,7 @@ pub fn write_atomic_as(path: &Path, data: &[u8], name: &str) -> Result<()> {
         .map(|_| crate::testhook::point(&format!("atomic_partial:{name}")))
         .and_then(|_| crate::testhook::charge(rest.len()))
         .and_then(|_| f.write_all(rest))
-        .and_then(|_| f.sync_all());
+        .and_then(|_| if sync { f.sync_all() } else { Ok(()) });
     if let Err(e) = written {
         drop(f);
         let _ = std::fs::remove_file(&tmp);

@@ -11,7 +11,9 @@ mod manifest;
 mod meta;
 mod names;
 
-pub use atomic::{append_lines, is_tmp, read_json, tmp_base, tmp_name, to_json_bytes, write_atomic, write_atomic_as};
+pub use atomic::{
+    append_lines, is_tmp, read_json, tmp_base, tmp_name, to_json_bytes, write_atomic, write_atomic_as, write_atomic_unsynced,
+};
 pub use layout::{
     decode_ids, member_name, member_span, npy_header, npy_header_into, npy_header_shaped, npy_stride, parse_npy_ids, write_member_name,
     Blocking, DEFAULT_BLOCK_SIZE, MAX_BLOCK_SIZE, MAX_SEQLEN, TAR_BLOCK, ZSTD_LEVEL,
