@@ -16,7 +16,7 @@ use rayon::ThreadPool;
 
 use super::manifest::manifest_text;
 use super::plan::ChunkPlan;
-use super::shard::{write_ragged_shard, ShardSpec};
+use super::shard::{write_ragged_shard, HashHelpers, ShardSpec};
 use super::spills::BinSpills;
 use super::steps::Job;
 use crate::error::{Error, Result};
@@ -56,6 +56,7 @@ pub fn write_chunks(
         seqlen: bound as u64,
         block_size: None,
         zstd_level: None,
+        hash_helpers: Some(HashHelpers::new(pool.current_num_threads())),
         ..ShardSpec::new(&job.recipe, out, cancel.clone(), Arc::default())
     };
     let ids = plan.ids(job.recipe.seed, chunks.clone(), pool);

@@ -1,10 +1,12 @@
 //! Writing one chunk as a WebDataset tar (DESIGN §3; the layout itself is `format::layout`).
 
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::Instant;
 
 use sha2::{Digest, Sha256};
@@ -14,9 +16,12 @@ use crate::error::{Error, Result};
 use crate::format::{self, decode_ids, member_name, npy_header, Blocking, Dtype, Format, ManifestLine};
 use crate::testhook;
 
-/// Writes members to a tar, hashing every byte on the way.
+/// Writes members to a tar, hashing every byte on the way. The tar is written here rather than
+/// through `tar::Builder` (the same bytes: each member's header, its data, zeros to the next
+/// 512-byte block, and 1,024 zeros at the end) so that a member's data goes from the caller's
+/// buffer into the block written to the file in one copy.
 pub struct ShardWriter {
-    tar: tar::Builder<HashingWriter<BufWriter<Streamed<File>>>>,
+    sink: Sink,
     chunk: u64,
     /// Members written so far.
     index: u64,
@@ -53,9 +58,8 @@ impl ShardWriter {
         let f = File::create(path).map_err(|e| Error::io(path, e))?;
         // Shards are not read again by the build: their pages leave the page cache once written.
         let f = Streamed::new(f, writeback::Cache::Drop);
-        let w = HashingWriter { inner: BufWriter::with_capacity(1 << 20, f), hasher: Sha256::new(), bytes: 0 };
         Ok(ShardWriter {
-            tar: tar::Builder::new(w),
+            sink: Sink::new(f, spec.hash_helpers.clone()),
             chunk,
             index: 0,
             format,
@@ -75,8 +79,10 @@ impl ShardWriter {
         self.buf.clear();
         match self.format {
             Format::Npy => {
-                self.buf.extend_from_slice(&self.npy_header);
-                self.buf.extend_from_slice(raw);
+                let header = std::mem::take(&mut self.npy_header);
+                let written = self.write_member(&[&header, raw]);
+                self.npy_header = header;
+                return written;
             }
             Format::JsonGz => {
                 let mut json = Vec::with_capacity(raw.len() * 3);
@@ -101,7 +107,10 @@ impl ShardWriter {
                 return Ok(());
             }
         }
-        self.write_member()
+        let buf = std::mem::take(&mut self.buf);
+        let written = self.write_member(&[&buf]);
+        self.buf = buf;
+        written
     }
 
     /// Write the contexts gathered so far as one member of a block format.
@@ -110,32 +119,44 @@ impl ShardWriter {
         if self.pending_rows == 0 {
             return Ok(());
         }
-        self.buf.clear();
-        self.buf.extend_from_slice(&blocking.header(self.pending_rows));
-        self.buf.extend_from_slice(&self.pending);
-        if let Some(z) = &mut self.zstd {
-            self.buf = z.compress(&self.buf)?;
-        }
+        let header = blocking.header(self.pending_rows);
+        let pending = std::mem::take(&mut self.pending);
+        let written = match self.zstd.as_mut() {
+            Some(z) => {
+                self.buf.clear();
+                self.buf.extend_from_slice(&header);
+                self.buf.extend_from_slice(&pending);
+                let member = z.compress(&self.buf)?;
+                self.write_member(&[&member])
+            }
+            None => self.write_member(&[&header, &pending]),
+        };
+        self.pending = pending;
         self.pending.clear();
         self.pending_rows = 0;
-        self.write_member()
+        written
     }
 
-    fn write_member(&mut self) -> std::io::Result<()> {
+    /// One member whose data is `parts` one after another.
+    fn write_member(&mut self, parts: &[&[u8]]) -> std::io::Result<()> {
+        let size: u64 = parts.iter().map(|p| p.len() as u64).sum();
         let mut header = tar::Header::new_ustar();
         header.set_path(member_name(self.chunk, self.index, self.format))?;
-        header.set_size(self.buf.len() as u64);
+        header.set_size(size);
         header.set_mode(0o644);
         header.set_mtime(0);
         header.set_uid(0);
         header.set_gid(0);
         header.set_entry_type(tar::EntryType::Regular);
         header.set_cksum();
-        self.tar.append(&header, &self.buf[..])?;
+        self.sink.write_all(header.as_bytes())?;
+        for part in parts {
+            self.sink.write_all(part)?;
+        }
+        let padded = size.div_ceil(format::TAR_BLOCK) * format::TAR_BLOCK;
+        self.sink.write_all(&[0; format::TAR_BLOCK as usize][..(padded - size) as usize])?;
         self.index += 1;
-        let end = self.offsets.last().copied().unwrap_or(0)
-            + format::TAR_BLOCK
-            + (self.buf.len() as u64).div_ceil(format::TAR_BLOCK) * format::TAR_BLOCK;
+        let end = self.offsets.last().copied().unwrap_or(0) + format::TAR_BLOCK + padded;
         self.offsets.push(end);
         Ok(())
     }
@@ -151,33 +172,167 @@ impl ShardWriter {
         &self.offsets
     }
 
-    /// Finish the archive, fsync it and return (bytes, sha256 hex).
+    /// Finish the archive (two zero blocks), fsync it and return (bytes, sha256 hex).
     pub fn finish(mut self) -> std::io::Result<(u64, String)> {
         self.flush_block()?;
-        let w = self.tar.into_inner()?;
-        let HashingWriter { inner, hasher, bytes } = w;
-        let mut f = inner.into_inner().map_err(|e| e.into_error())?;
+        self.sink.write_all(&[0; 2 * format::TAR_BLOCK as usize])?;
+        let (mut f, bytes, hash) = self.sink.finish()?;
         f.sync()?;
-        Ok((bytes, crate::format::hex(&hasher.finalize())))
+        Ok((bytes, crate::format::hex(&hash)))
     }
 }
 
-struct HashingWriter<W> {
-    inner: W,
-    hasher: Sha256,
+/// Bytes a shard's blocks hold: each is written to the file, then hashed.
+const BLOCK: usize = 1 << 20;
+/// Blocks a helper may have yet to hash before the writer waits for it.
+const HELPER_BLOCKS: usize = 2;
+
+/// The bytes of a shard on their way to its file: gathered into blocks, each written and then
+/// hashed, on the writer's thread or, once `HashHelpers` says a thread is idle, on a helper.
+struct Sink {
+    file: Streamed<File>,
+    block: Vec<u8>,
     bytes: u64,
+    hash: Hashing,
+    helpers: Option<Arc<HashHelpers>>,
 }
 
-impl<W: Write> Write for HashingWriter<W> {
+enum Hashing {
+    Here(Sha256),
+    /// Full blocks go to the helper, which hands each back once hashed, and the hash at the end.
+    /// `made`: blocks allocated since, at most `HELPER_BLOCKS + 1`.
+    Helper {
+        blocks: SyncSender<Vec<u8>>,
+        spare: Receiver<Vec<u8>>,
+        done: JoinHandle<Sha256>,
+        made: usize,
+        _slot: HelperSlot,
+    },
+}
+
+impl Sink {
+    fn new(file: Streamed<File>, helpers: Option<Arc<HashHelpers>>) -> Sink {
+        Sink { file, block: Vec::with_capacity(BLOCK), bytes: 0, hash: Hashing::Here(Sha256::new()), helpers }
+    }
+
+    /// Write the block to the file and hash it.
+    fn write_block(&mut self) -> std::io::Result<()> {
+        if self.block.is_empty() {
+            return Ok(());
+        }
+        self.file.write_all(&self.block)?;
+        if let Hashing::Here(hasher) = &mut self.hash {
+            let slot = self.helpers.as_ref().and_then(|h| h.claim());
+            let started = slot.and_then(|slot| {
+                let (blocks, todo) = mpsc::sync_channel::<Vec<u8>>(HELPER_BLOCKS);
+                let (back, spare) = mpsc::channel::<Vec<u8>>();
+                let mut hasher = hasher.clone();
+                let done = std::thread::Builder::new()
+                    .name("tokshuf-hash".into())
+                    .spawn(move || {
+                        for block in todo {
+                            hasher.update(&block);
+                            let _ = back.send(block);
+                        }
+                        hasher
+                    })
+                    .ok()?;
+                slot.0.started.fetch_add(1, Ordering::Relaxed);
+                Some(Hashing::Helper { blocks, spare, done, made: 0, _slot: slot })
+            });
+            match started {
+                Some(helper) => self.hash = helper,
+                None => {
+                    hasher.update(&self.block);
+                    self.block.clear();
+                    return Ok(());
+                }
+            }
+        }
+        let Hashing::Helper { blocks, spare, made, .. } = &mut self.hash else { unreachable!("a helper was started above") };
+        // Beyond HELPER_BLOCKS + 1 new blocks, the writer waits for the helper to hand one back.
+        let mut next = match spare.try_recv() {
+            Ok(b) => b,
+            Err(_) if *made <= HELPER_BLOCKS => {
+                *made += 1;
+                Vec::with_capacity(BLOCK)
+            }
+            Err(_) => spare.recv().map_err(|_| helper_stopped())?,
+        };
+        next.clear();
+        let full = std::mem::replace(&mut self.block, next);
+        blocks.send(full).map_err(|_| helper_stopped())?;
+        Ok(())
+    }
+
+    /// The file, the bytes written and their SHA-256.
+    fn finish(mut self) -> std::io::Result<(Streamed<File>, u64, sha2::digest::Output<Sha256>)> {
+        self.write_block()?;
+        let hasher = match self.hash {
+            Hashing::Here(h) => h,
+            Hashing::Helper { blocks, done, .. } => {
+                drop(blocks);
+                done.join().map_err(|_| helper_stopped())?
+            }
+        };
+        Ok((self.file, self.bytes, hasher.finalize()))
+    }
+}
+
+fn helper_stopped() -> std::io::Error {
+    std::io::Error::other("the thread hashing a shard stopped")
+}
+
+impl Write for Sink {
     fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
         crate::testhook::charge(data.len())?;
-        let n = self.inner.write(data)?;
-        self.hasher.update(&data[..n]);
+        let n = data.len().min(BLOCK - self.block.len());
+        self.block.extend_from_slice(&data[..n]);
         self.bytes += n as u64;
+        if self.block.len() == BLOCK {
+            self.write_block()?;
+        }
         Ok(n)
     }
     fn flush(&mut self) -> std::io::Result<()> {
-        self.inner.flush()
+        Ok(()) // blocks are written whole, and `finish` writes the last
+    }
+}
+
+/// Lets the writers of a pool that writes nothing but shards hash on helper threads while
+/// the pool has a thread with no shard to write: with fewer shards left than threads (one
+/// chunk; the last of a group), hashing, nearly half of a shard's CPU time, would otherwise
+/// run beside an idle thread. Writers and helpers together take at most `threads`.
+pub struct HashHelpers {
+    threads: usize,
+    busy: AtomicUsize,
+    /// Helpers started so far.
+    started: AtomicUsize,
+}
+
+impl HashHelpers {
+    pub fn new(threads: usize) -> Arc<HashHelpers> {
+        Arc::new(HashHelpers { threads, busy: AtomicUsize::new(0), started: AtomicUsize::new(0) })
+    }
+
+    /// A writer's or a helper's place, if one is free (a writer always takes one).
+    fn claim(self: &Arc<Self>) -> Option<HelperSlot> {
+        self.busy.fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| (b < self.threads).then_some(b + 1)).ok()?;
+        Some(HelperSlot(self.clone()))
+    }
+
+    fn writer(self: &Arc<Self>) -> HelperSlot {
+        self.busy.fetch_add(1, Ordering::AcqRel);
+        HelperSlot(self.clone())
+    }
+}
+
+/// A place taken in `HashHelpers`, given back when dropped.
+struct HelperSlot(Arc<HashHelpers>);
+
+impl Drop for HelperSlot {
+    fn drop(&mut self) {
+        self.0.busy.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -211,6 +366,8 @@ pub struct ShardSpec {
     pub zstd_level: Option<i32>,
     pub cancel: Arc<AtomicBool>,
     pub times: Arc<ShardTimes>,
+    /// Where the pool writes nothing but shards: its writers may hash on helper threads.
+    pub hash_helpers: Option<Arc<HashHelpers>>,
 }
 
 impl ShardSpec {
@@ -226,6 +383,7 @@ impl ShardSpec {
             zstd_level: r.zstd_level,
             cancel,
             times,
+            hash_helpers: None,
         }
     }
 }
@@ -280,6 +438,7 @@ pub fn write_ragged_shard(
     if spec.cancel.load(Ordering::Relaxed) {
         return Err(Error::Interrupted);
     }
+    let _writing = spec.hash_helpers.as_ref().map(|h| h.writer());
     let stem = format::shard_stem(chunk);
     let path = spec.out.join(format!("{stem}.tar"));
     let idx_path = format::idx::idx_path(&spec.out, chunk);
@@ -331,6 +490,7 @@ pub fn write_shard(
     if spec.cancel.load(Ordering::Relaxed) {
         return Err(Error::Interrupted);
     }
+    let _writing = spec.hash_helpers.as_ref().map(|h| h.writer());
     let stem = format::shard_stem(chunk);
     let path = spec.out.join(format!("{stem}.tar"));
     let num_tokens = n as u64 * spec.seqlen - padding;
@@ -368,4 +528,54 @@ pub fn write_shard(
         r
     };
     Ok(ManifestLine { shard: stem, num_sequences: n as u64, num_tokens: Some(num_tokens), bytes: Some(bytes), sha256: Some(sha256) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(out: &Path, helpers: Option<Arc<HashHelpers>>) -> ShardSpec {
+        ShardSpec {
+            out: out.to_path_buf(),
+            format: Format::Npy,
+            dtype: Dtype::Uint16,
+            seqlen: 2049,
+            block_size: None,
+            zstd_level: None,
+            cancel: Arc::default(),
+            times: Arc::default(),
+            hash_helpers: helpers,
+        }
+    }
+
+    /// A shard hashed on a helper thread (several times `BLOCK`, so the writer also waits for
+    /// blocks to come back) has the bytes and the sha256 of one hashed on the writer's thread,
+    /// and both are the file's own; a pool with no idle thread starts no helper.
+    #[test]
+    fn a_helper_hashes_what_the_writer_would() {
+        let dir = tempfile::tempdir().unwrap();
+        let n = 3000; // 15 MB of members
+        let context = |i: u64, buf: &mut [u8]| {
+            for (k, b) in buf.iter_mut().enumerate() {
+                *b = crate::hash::mix64(i * 7919 + k as u64) as u8;
+            }
+            Ok(())
+        };
+        let mut got = Vec::new();
+        for (name, helpers) in [("here", None), ("helper", Some(HashHelpers::new(2))), ("busy", Some(HashHelpers::new(1)))] {
+            let out = dir.path().join(name);
+            std::fs::create_dir(&out).unwrap();
+            let spec = spec(&out, helpers.clone());
+            let line = write_shard(&spec, 0, n, 0, context).unwrap();
+            let bytes = std::fs::read(out.join("shard_00000000.tar")).unwrap();
+            assert_eq!(line.sha256.as_deref(), Some(crate::format::hex(&Sha256::digest(&bytes)).as_str()), "{name}");
+            assert_eq!(line.bytes, Some(bytes.len() as u64), "{name}");
+            if let Some(h) = helpers {
+                assert_eq!(h.busy.load(Ordering::Relaxed), 0, "{name}: every place is given back");
+                assert_eq!(h.started.load(Ordering::Relaxed), (name == "helper") as usize, "{name}");
+            }
+            got.push(bytes);
+        }
+        assert!(got[0].len() > 8 * BLOCK && got.iter().all(|b| *b == got[0]));
+    }
 }

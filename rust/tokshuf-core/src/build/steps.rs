@@ -29,7 +29,7 @@ use super::cells::pack;
 use super::gather::Gather;
 use super::manifest::manifest_text;
 use super::plan::{self, ChunkPlan};
-use super::shard::{write_shard, ShardSpec, ShardTimes};
+use super::shard::{write_shard, HashHelpers, ShardSpec, ShardTimes};
 use super::shards;
 use super::spills::Spills;
 use super::stage1::{self, Schedule, Stage1Config};
@@ -207,7 +207,8 @@ pub fn stage2_chunks(
     if chunks.is_empty() {
         return Ok(Vec::new());
     }
-    let spec = job.shard_spec(cancel.clone(), io.times.clone());
+    let spec =
+        ShardSpec { hash_helpers: Some(HashHelpers::new(pool.current_num_threads())), ..job.shard_spec(cancel.clone(), io.times.clone()) };
     let cs = plan.chunk_size;
     let lines = match plan.cells {
         Some(_) => {
