@@ -302,7 +302,8 @@ impl Write for Sink {
 /// Lets the writers of a pool that writes nothing but shards hash on helper threads while
 /// the pool has a thread with no shard to write: with fewer shards left than threads (one
 /// chunk; the last of a group), hashing, nearly half of a shard's CPU time, would otherwise
-/// run beside an idle thread. Writers and helpers together take at most `threads`.
+/// run beside an idle thread. A helper starts only while writers and helpers together are
+/// fewer than `threads` (a writer that starts later still runs).
 pub struct HashHelpers {
     threads: usize,
     busy: AtomicUsize,
