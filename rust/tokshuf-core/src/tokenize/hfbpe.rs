@@ -15,6 +15,7 @@
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use rustc_hash::FxHashMap;
 
@@ -86,35 +87,47 @@ fn token_bytes(vocab: &Vocab, alphabet: &[char; 256]) -> (Vec<u8>, Vec<(usize, u
     (bytes, spans)
 }
 
-/// Pieces that are themselves a token and encode to it, found without merging.
-enum Whole {
-    Never,
-    /// Tokens of up to 15 bytes in a `TokenTable` (most lookups), longer ones by their
-    /// bytes: with `ignore_merges`, the whole vocabulary;
-    /// for other tokenizer.json files, the short tokens whose own merge ends in them.
-    Tokens {
-        short: TokenTable,
-        long: FxHashMap<Vec<u8>, u32>,
-    },
+/// Pieces that are themselves a token and encode to it, found without merging: tokens of up
+/// to 15 bytes in a `TokenTable` (most lookups), longer ones by their bytes. With
+/// `ignore_merges` every token is its own encoding. Otherwise a token is only when its merge
+/// ends in it (all but 2 of GPT-NeoX's 49,912 short ones): `own` says so for each token, found
+/// by merging it the first time any thread meets it as a piece, rather than for every token
+/// while the tokenizer loads (a fifth of GPT-NeoX's load); longer pieces are always merged.
+struct Whole {
+    short: TokenTable,
+    long: FxHashMap<Vec<u8>, u32>,
+    own: Option<Box<[AtomicU8]>>,
 }
 
+/// `Whole::own` of a token not yet merged, of one that is its own encoding, of one that is not.
+const UNKNOWN: u8 = 0;
+const OWN: u8 = 1;
+const NOT_OWN: u8 = 2;
+/// Tokens with larger ids (a sparse vocabulary) are left out of `Whole` without
+/// `ignore_merges`, and merged every time, so that `own` stays small.
+const MAX_OWN_IDS: usize = 1 << 22;
+
 impl Whole {
+    /// Every token of `it` (with `ignore_merges`).
     fn tokens<'a>(it: impl Iterator<Item = (&'a [u8], u32)>) -> Whole {
         let (short, long): (Vec<_>, Vec<_>) = it.filter(|(b, _)| !b.is_empty()).partition(|(b, _)| b.len() <= MAX_LEN);
-        Whole::Tokens { short: TokenTable::new(&short), long: long.into_iter().map(|(b, id)| (b.to_vec(), id)).collect() }
+        Whole { short: TokenTable::new(&short), long: long.into_iter().map(|(b, id)| (b.to_vec(), id)).collect(), own: None }
+    }
+
+    /// The short tokens of `it`, each its own encoding once merging it says so.
+    fn merged_tokens<'a>(it: impl Iterator<Item = (&'a [u8], u32)>) -> Whole {
+        let short: Vec<_> = it.filter(|(b, id)| (1..=MAX_LEN).contains(&b.len()) && (*id as usize) < MAX_OWN_IDS).collect();
+        let ids = short.iter().map(|&(_, id)| id as usize + 1).max().unwrap_or(0);
+        let own = (0..ids).map(|_| AtomicU8::new(UNKNOWN)).collect();
+        Whole { short: TokenTable::new(&short), long: FxHashMap::default(), own: Some(own) }
     }
 
     #[inline(always)]
     fn get(&self, piece: &[u8]) -> Option<u32> {
-        match self {
-            Whole::Never => None,
-            Whole::Tokens { short, long } => {
-                if piece.len() <= MAX_LEN {
-                    short.get(pack(piece))
-                } else {
-                    long.get(piece).copied()
-                }
-            }
+        if piece.len() <= MAX_LEN {
+            self.short.get(pack(piece))
+        } else {
+            self.long.get(piece).copied()
         }
     }
 }
@@ -159,33 +172,8 @@ impl MergeBpe {
             ids_fit &= merged < 1 << 31;
         }
         let decoded = spans.iter().map(|&(s, e, id)| (&bytes[s..e], id));
-        let bpe = if ignore_merges {
-            MergeBpe::assemble(byte_ids, merges, Whole::tokens(decoded), ids_fit)
-        } else {
-            // A token is its own encoding when its merge ends in it; those of up to 15 bytes
-            // (most pieces) then need no merging, as if `ignore_merges` were set.
-            let bpe = MergeBpe::assemble(byte_ids, merges, Whole::Never, ids_fit);
-            let short: Vec<(&[u8], u32)> = decoded.filter(|(b, _)| (1..=MAX_LEN).contains(&b.len())).collect();
-            let (first, second) = short.split_at(short.len() / 2);
-            let (rest, mut own) = side_by_side(|| bpe.own_encodings(second), || bpe.own_encodings(first));
-            own.extend(rest);
-            let table = TokenTable::new(&own);
-            MergeBpe { whole: Whole::Tokens { short: table, long: FxHashMap::default() }, ..bpe }
-        };
-        Ok(bpe)
-    }
-
-    /// The tokens of `part` that encode to themselves.
-    fn own_encodings<'t>(&self, part: &[(&'t [u8], u32)]) -> Vec<(&'t [u8], u32)> {
-        let mut ids = Vec::new();
-        part.iter()
-            .filter(|(b, id)| {
-                ids.clear();
-                self.encode_piece(b, &mut ids);
-                ids[..] == [*id]
-            })
-            .copied()
-            .collect()
+        let whole = if ignore_merges { Whole::tokens(decoded) } else { Whole::merged_tokens(decoded) };
+        Ok(MergeBpe::assemble(byte_ids, merges, whole, ids_fit))
     }
 
     fn assemble(byte_ids: [u32; 256], merges: PairTable, whole: Whole, ids_fit: bool) -> MergeBpe {
@@ -213,19 +201,29 @@ impl MergeBpe {
             return;
         }
         if let Some(id) = self.whole.get(piece) {
-            out.push(id);
-            return;
+            let Some(own) = &self.whole.own else {
+                out.push(id);
+                return;
+            };
+            // Threads that meet a token at once both merge it, to the same ids.
+            let known = &own[id as usize];
+            match known.load(Ordering::Relaxed) {
+                OWN => return out.push(id),
+                NOT_OWN => {}
+                _ => {
+                    let begin = out.len();
+                    self.merge(piece, out);
+                    known.store(if out[begin..] == [id] { OWN } else { NOT_OWN }, Ordering::Relaxed);
+                    return;
+                }
+            }
         }
         self.merge(piece, out);
     }
 
-    /// The short pieces that are a token of their own, where `encode_piece` looks first
-    /// (`None`: no such shortcut).
-    pub fn short_tokens(&self) -> Option<&TokenTable> {
-        match &self.whole {
-            Whole::Tokens { short, .. } => Some(short),
-            Whole::Never => None,
-        }
+    /// The tokens of up to `MAX_LEN` bytes, where `encode_piece` looks first.
+    pub fn short_tokens(&self) -> &TokenTable {
+        &self.whole.short
     }
 
     fn merge(&self, piece: &[u8], out: &mut Vec<u32>) {
@@ -508,6 +506,35 @@ mod tests {
         let bytes = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data/gpt-neox-20b.json")).unwrap();
         let file: crate::tokenize::hf_json::TokenizerFile = serde_json::from_slice(&bytes).unwrap();
         MergeBpe::from_model(&BpeModel::parse(&file.model.unwrap()).unwrap(), false).unwrap()
+    }
+
+    /// A short token met as a piece gives the ids of its merge, the first time (when it is
+    /// merged and its `own` recorded) as after; GPT-NeoX has two that are not their own
+    /// encoding.
+    #[test]
+    fn whole_tokens_learnt_as_met_equal_their_merge() {
+        let bytes = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data/gpt-neox-20b.json")).unwrap();
+        let file: crate::tokenize::hf_json::TokenizerFile = serde_json::from_slice(&bytes).unwrap();
+        let model = BpeModel::parse(&file.model.unwrap()).unwrap();
+        let bpe = MergeBpe::from_model(&model, false).unwrap();
+        let (bytes, spans) = token_bytes(&model.vocab, &byte_level_alphabet());
+        let short: Vec<(&[u8], u32)> = spans.iter().map(|&(s, e, id)| (&bytes[s..e], id)).filter(|(b, _)| b.len() <= MAX_LEN).collect();
+        let mut not_own = Vec::new();
+        for pass in 0..2 {
+            for &(piece, id) in &short {
+                let (mut got, mut want) = (vec![7], vec![7]);
+                bpe.encode_piece(piece, &mut got);
+                bpe.merge(piece, &mut want);
+                assert_eq!(got, want, "pass {pass}: {:?}", String::from_utf8_lossy(piece));
+                if pass == 1 && want[1..] != [id] {
+                    not_own.push(id);
+                }
+            }
+        }
+        let own = bpe.whole.own.as_ref().unwrap();
+        assert!(short.iter().all(|&(_, id)| own[id as usize].load(Ordering::Relaxed) != UNKNOWN));
+        assert_eq!((short.len(), not_own.len()), (49_912, 2));
+        assert!(not_own.iter().all(|&id| own[id as usize].load(Ordering::Relaxed) == NOT_OWN));
     }
 
     /// Run in release: `cargo test --release -p tokshuf-core --lib measure_long_hf_merges -- --ignored --nocapture`.

@@ -68,7 +68,7 @@ const BATCH: usize = 64;
 
 /// Looks pieces up in batches: the scanner fills a batch, each piece's memo set requested as
 /// it is found; then the batch's sets are checked, and for each piece the memo does not hold
-/// its line in the tokenizer's table of pieces that are a token of their own is requested;
+/// its line in the tokenizer's table of short tokens is requested;
 /// then the pieces are looked up in order. Ids come out in piece order.
 pub struct Lookahead<'a, F> {
     cache: &'a mut PieceCache,
