@@ -285,8 +285,8 @@ fn helper_stopped() -> std::io::Error {
 
 impl Write for Sink {
     fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
-        crate::testhook::charge(data.len())?;
         let n = data.len().min(BLOCK - self.block.len());
+        crate::testhook::charge(n)?;
         self.block.extend_from_slice(&data[..n]);
         self.bytes += n as u64;
         if self.block.len() == BLOCK {
@@ -316,19 +316,20 @@ impl HashHelpers {
         Arc::new(HashHelpers { threads, busy: AtomicUsize::new(0), started: AtomicUsize::new(0) })
     }
 
-    /// A writer's or a helper's place, if one is free (a writer always takes one).
+    /// A helper's place, while writers and helpers are fewer than `threads`.
     fn claim(self: &Arc<Self>) -> Option<HelperSlot> {
         self.busy.fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| (b < self.threads).then_some(b + 1)).ok()?;
         Some(HelperSlot(self.clone()))
     }
 
+    /// A writer's place, taken whatever the count.
     fn writer(self: &Arc<Self>) -> HelperSlot {
         self.busy.fetch_add(1, Ordering::AcqRel);
         HelperSlot(self.clone())
     }
 }
 
-/// A place taken in `HashHelpers`, given back when dropped.
+/// A writer's or a helper's place in `HashHelpers`, given back when dropped.
 struct HelperSlot(Arc<HashHelpers>);
 
 impl Drop for HelperSlot {

@@ -16,8 +16,8 @@
 //! machines read (`Cache::Keep`) are read again soon, so only the writing is started early and
 //! their pages stay. A one-machine build's spills (`Cache::Scratch`) are deleted at its end,
 //! often before the kernel would have written them at all, and never fsynced: writing them
-//! early only spent CPU time and disk time the shards wanted; the
-//! kernel still writes out whatever it must to free memory.
+//! early only spent CPU time and disk time the shards wanted. The kernel still writes out
+//! whatever it must to free memory.
 //!
 //! On systems without `sync_file_range` (anything but Linux) this is a plain file writer.
 

@@ -92,7 +92,8 @@ fn token_bytes(vocab: &Vocab, alphabet: &[char; 256]) -> (Vec<u8>, Vec<(usize, u
 /// `ignore_merges` every token is its own encoding. Otherwise a token is only when its merge
 /// ends in it (all but 2 of GPT-NeoX's 49,912 short ones): `own` says so for each token, found
 /// by merging it the first time any thread meets it as a piece, rather than for every token
-/// while the tokenizer loads (a fifth of GPT-NeoX's load); longer pieces are always merged.
+/// while the tokenizer loads (where it was a large part of the load, and a small build meets
+/// only some of them); longer pieces are always merged.
 struct Whole {
     short: TokenTable,
     long: FxHashMap<Vec<u8>, u32>,
