@@ -186,6 +186,12 @@ def lose_unsynced_work_files(out: Path) -> None:
         spill.write_bytes(data[: len(data) // 2 // 4096 * 4096] if k % 3 == 0 else b"")
 
 
+def lose_unsynced_work_record(out: Path) -> None:
+    # The same for the work folder's record of the recipe and the inputs: without it the
+    # killed run's shards cannot be trusted, and the build starts over.
+    (out / ".tokshuf-work" / "recipe.json").write_bytes(b"")
+
+
 def complete_too_early(out: Path) -> None:
     meta = json.loads((out / "tokshuf.json").read_text())
     (out / "tokshuf.json").write_text(json.dumps(dict(meta, status="complete")))
@@ -193,7 +199,14 @@ def complete_too_early(out: Path) -> None:
 
 @pytest.mark.parametrize(
     "damage",
-    [damage_unlisted_shard, truncate_listed_shard, flip_spill_bytes, lose_unsynced_work_files, complete_too_early],
+    [
+        damage_unlisted_shard,
+        truncate_listed_shard,
+        flip_spill_bytes,
+        lose_unsynced_work_files,
+        lose_unsynced_work_record,
+        complete_too_early,
+    ],
 )
 def test_what_a_killed_run_left_damaged_is_not_trusted(tmp_path, damage):
     """A resumed build writes again any shard no manifest line vouches for, rather than hash

@@ -158,8 +158,11 @@ def test_shards_without_metadata_need_overwrite(corpus, tmp_path):
 def test_status_of_unfinished_and_complete_builds(corpus, tmp_path, monkeypatch, capsys, shuffle):
     out = tmp_path / "cache"
     opts = dict(OPTS, shuffle=shuffle)
-    # Disk full in stage 1: no chunk plan yet.
-    unfinished(corpus, out, monkeypatch, 150_000 if shuffle else 600_000, shuffle=shuffle)
+    # Disk full in stage 1: no chunk plan yet. The budget is below the spills' bytes (about
+    # 390 kB): a streaming build also writes chunks during stage 1, as many as its timing
+    # allows, so a larger budget could last until the stitched tails are written (and how many
+    # chunks it lists by the plan is timing too).
+    unfinished(corpus, out, monkeypatch, 150_000 if shuffle else 300_000, shuffle=shuffle)
     s = build_status(out)
     assert (s["status"], s["files_total"]) == ("building" if shuffle else "streaming", 4)
     assert s["files_done"] < 4 and s["chunks_planned"] is None
@@ -181,8 +184,6 @@ def test_status_of_unfinished_and_complete_builds(corpus, tmp_path, monkeypatch,
     assert s["chunks_listed"] <= s["chunks_written"] <= s["chunks_planned"]
     if shuffle:
         assert 3 <= s["chunks_written"] < s["chunks_planned"]
-    else:
-        assert s["chunks_listed"] > 0
 
     tokshuf.build_cache(corpus, out, **dict(OPTS, shuffle=shuffle))
     s = build_status(out)

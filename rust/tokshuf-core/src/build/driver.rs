@@ -289,7 +289,7 @@ impl Steps {
             leave(lock, lease)?;
             return Ok(Begun::Complete(meta));
         }
-        resume::init_work(&self.work, &self.recipe, &self.inputs())?;
+        resume::init_work(&self.work, &self.recipe, &self.inputs(), true)?;
         if self.out.size(META_NAME)?.is_none() {
             // As `build::build`: an unpacked build is never followed while it streams.
             let streams = !self.recipe.shuffle && !self.unpacked();

@@ -132,7 +132,7 @@ pub fn build(opts: &BuildOptions, cancel: Arc<AtomicBool>) -> Result<Metadata> {
         lock.remove()?;
         return Ok(*meta);
     }
-    resume::init_work(&work_place, &job.recipe, &inputs)?;
+    resume::init_work(&work_place, &job.recipe, &inputs, false)?;
 
     let threads = opts.threads();
     let pool = Arc::new(

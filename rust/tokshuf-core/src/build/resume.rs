@@ -264,8 +264,10 @@ fn clear(out: &Place, work: &Place, entries: &[String]) -> Result<()> {
 
 /// Create the work folder for `recipe`, or keep it if it already belongs to it (less the
 /// temporary files of a killed run). A work folder of another recipe (possible under
-/// `local_cell_dir`) is stale and cleared. `inputs`: where the input files are.
-pub fn init_work(work: &Place, recipe: &Recipe, inputs: &[PathBuf]) -> Result<()> {
+/// `local_cell_dir`) is stale and cleared. `inputs`: where the input files are. `durable`:
+/// fsync the record; without it (one machine, whose spills are not synced either) a record a
+/// power cut left unreadable makes the next run start over (`prepare`).
+pub fn init_work(work: &Place, recipe: &Recipe, inputs: &[PathBuf], durable: bool) -> Result<()> {
     if let Some(w) = work.read_json::<WorkState>(WORK_STATE).ok().flatten() {
         if &w.recipe == recipe {
             return remove_tmp(work, &work.names()?);
@@ -276,7 +278,10 @@ pub fn init_work(work: &Place, recipe: &Recipe, inputs: &[PathBuf]) -> Result<()
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     }
     let state = WorkState { recipe: recipe.clone(), inputs: stamps(recipe, inputs)? };
-    work.write(WORK_STATE, &format::to_json_bytes(&state), WORK_STATE)
+    match work.dir() {
+        Some(dir) if !durable => format::write_atomic_unsynced(&dir.join(WORK_STATE), &format::to_json_bytes(&state)),
+        _ => work.write(WORK_STATE, &format::to_json_bytes(&state), WORK_STATE),
+    }
 }
 
 /// Remove the work folder at the end of a build, file by file (a run killed part-way leaves a
