@@ -279,7 +279,7 @@ pub fn init_work(work: &Place, recipe: &Recipe, inputs: &[PathBuf], durable: boo
     }
     let state = WorkState { recipe: recipe.clone(), inputs: stamps(recipe, inputs)? };
     match work.dir() {
-        Some(dir) if !durable => format::write_atomic_unsynced(&dir.join(WORK_STATE), &format::to_json_bytes(&state)),
+        Some(dir) if !durable => format::write_atomic_synced_if(&dir.join(WORK_STATE), &format::to_json_bytes(&state), false),
         _ => work.write(WORK_STATE, &format::to_json_bytes(&state), WORK_STATE),
     }
 }

@@ -210,6 +210,26 @@ enum Hashing {
     },
 }
 
+impl Hashing {
+    /// A helper thread that goes on from `hasher`, in `slot` (None if no thread starts).
+    fn helper(mut hasher: Sha256, slot: HelperSlot) -> Option<Hashing> {
+        let (blocks, todo) = mpsc::sync_channel::<Vec<u8>>(HELPER_BLOCKS);
+        let (back, spare) = mpsc::channel::<Vec<u8>>();
+        let done = std::thread::Builder::new()
+            .name("tokshuf-hash".into())
+            .spawn(move || {
+                for block in todo {
+                    hasher.update(&block);
+                    let _ = back.send(block);
+                }
+                hasher
+            })
+            .ok()?;
+        slot.0.started.fetch_add(1, Ordering::Relaxed);
+        Some(Hashing::Helper { blocks, spare, done, made: 0, _slot: slot })
+    }
+}
+
 impl Sink {
     fn new(file: Streamed<File>, helpers: Option<Arc<HashHelpers>>) -> Sink {
         Sink { file, block: Vec::with_capacity(BLOCK), bytes: 0, hash: Hashing::Here(Sha256::new()), helpers }
@@ -221,47 +241,31 @@ impl Sink {
             return Ok(());
         }
         self.file.write_all(&self.block)?;
-        if let Hashing::Here(hasher) = &mut self.hash {
+        if let Hashing::Here(hasher) = &self.hash {
             let slot = self.helpers.as_ref().and_then(|h| h.claim());
-            let started = slot.and_then(|slot| {
-                let (blocks, todo) = mpsc::sync_channel::<Vec<u8>>(HELPER_BLOCKS);
-                let (back, spare) = mpsc::channel::<Vec<u8>>();
-                let mut hasher = hasher.clone();
-                let done = std::thread::Builder::new()
-                    .name("tokshuf-hash".into())
-                    .spawn(move || {
-                        for block in todo {
-                            hasher.update(&block);
-                            let _ = back.send(block);
-                        }
-                        hasher
-                    })
-                    .ok()?;
-                slot.0.started.fetch_add(1, Ordering::Relaxed);
-                Some(Hashing::Helper { blocks, spare, done, made: 0, _slot: slot })
-            });
-            match started {
-                Some(helper) => self.hash = helper,
-                None => {
-                    hasher.update(&self.block);
-                    self.block.clear();
-                    return Ok(());
-                }
+            if let Some(helper) = slot.and_then(|slot| Hashing::helper(hasher.clone(), slot)) {
+                self.hash = helper;
             }
         }
-        let Hashing::Helper { blocks, spare, made, .. } = &mut self.hash else { unreachable!("a helper was started above") };
-        // Beyond HELPER_BLOCKS + 1 new blocks, the writer waits for the helper to hand one back.
-        let mut next = match spare.try_recv() {
-            Ok(b) => b,
-            Err(_) if *made <= HELPER_BLOCKS => {
-                *made += 1;
-                Vec::with_capacity(BLOCK)
+        match &mut self.hash {
+            Hashing::Here(hasher) => {
+                hasher.update(&self.block);
+                self.block.clear();
             }
-            Err(_) => spare.recv().map_err(|_| helper_stopped())?,
-        };
-        next.clear();
-        let full = std::mem::replace(&mut self.block, next);
-        blocks.send(full).map_err(|_| helper_stopped())?;
+            Hashing::Helper { blocks, spare, made, .. } => {
+                // Beyond HELPER_BLOCKS + 1 new blocks, the writer waits for one to come back.
+                let mut next = match spare.try_recv() {
+                    Ok(b) => b,
+                    Err(_) if *made <= HELPER_BLOCKS => {
+                        *made += 1;
+                        Vec::with_capacity(BLOCK)
+                    }
+                    Err(_) => spare.recv().map_err(|_| helper_stopped())?,
+                };
+                next.clear();
+                blocks.send(std::mem::replace(&mut self.block, next)).map_err(|_| helper_stopped())?;
+            }
+        }
         Ok(())
     }
 

@@ -5,7 +5,7 @@
 //! the calling thread consumes results strictly in (file, batch) order, windows them and
 //! appends the contexts of each file to its own spill file `fNNNNNNNN.ctx` in the work folder.
 //! A file's summary JSON is written after its spill is complete (and fsynced where other
-//! machines read it, `Stage1Config::sync_spills`): its presence marks the file as done, so a
+//! machines read it, `Stage1Config::shared_work`): its presence marks the file as done, so a
 //! resumed build never tokenizes it again unless the spill no longer has the CRC-32 the
 //! summary records.
 
@@ -55,13 +55,14 @@ pub struct Stage1Config {
     pub input_bytes: Vec<u64>,
     /// The longest line a build may hold (`max_line`), in bytes.
     pub max_line: usize,
-    /// fsync each spill (and positions file) before its summary is written. Needed where
-    /// other machines read the spills (the Ray engine: a shared file system reports some write
-    /// errors only to fsync). A one-machine build reads its spills back from this machine's
-    /// page cache, and a resumed build checks each against the CRC-32 its summary records
-    /// (`resume::check_spills`), so a spill a power cut kept from the disk is found and its
-    /// file tokenized again; waiting for the disk there only delayed stage 2.
-    pub sync_spills: bool,
+    /// Other machines read the work folder (the Ray engine): each spill (and positions file) is
+    /// handed to the disk as it is written and fsynced before its summary, and the summary
+    /// too (a shared file system reports some write errors only to fsync). A one-machine build
+    /// reads its spills back from this machine's page cache and deletes them at its end, and
+    /// a resumed build checks each against the CRC-32 its summary records and redoes a file
+    /// whose summary cannot be read (`resume::check_spills`), so it leaves both to the kernel:
+    /// waiting for the disk there only delayed stage 2.
+    pub shared_work: bool,
 }
 
 impl Stage1Config {
@@ -526,7 +527,7 @@ impl FileWriter {
             // Stage 2 reads the spill soon: its pages stay in the page cache.
             out: BufWriter::with_capacity(
                 buffer,
-                Streamed::new(shared.clone(), if cfg.sync_spills { Cache::Keep } else { Cache::Scratch }),
+                Streamed::new(shared.clone(), if cfg.shared_work { Cache::Keep } else { Cache::Scratch }),
             ),
             shared,
             tmp,
@@ -666,7 +667,7 @@ impl FileWriter {
         Ok(())
     }
 
-    /// Publish the spill (fsync where `cfg.sync_spills`, rename) and then the summary that marks
+    /// Publish the spill (fsync where `cfg.shared_work`, rename) and then the summary that marks
     /// the file done.
     pub(super) fn finish(mut self, cfg: &Stage1Config, tail_policy: Tail, work: &Path, file: usize) -> Result<(FileSummary, u64)> {
         if cfg.pack_window.is_some() {
@@ -691,13 +692,13 @@ impl FileWriter {
         }
         self.out.flush().map_err(|e| Error::io(&self.tmp, e))?;
         let f = &self.shared;
-        if cfg.sync_spills {
+        if cfg.shared_work {
             f.sync_all().map_err(|e| Error::io(&self.tmp, e))?;
         }
         let spill_bytes = f.metadata().map(|m| m.len()).unwrap_or(0);
         for (k, (pos, tmp)) in std::mem::take(&mut self.bins).into_iter().enumerate() {
             let f = pos.into_inner().map_err(|e| Error::io(&tmp, e.into_error()))?;
-            if cfg.sync_spills {
+            if cfg.shared_work {
                 f.sync_all().map_err(|e| Error::io(&tmp, e))?;
             }
             let path = pos_path(work, file, k);
@@ -708,13 +709,7 @@ impl FileWriter {
         crate::testhook::point("stage1.spill");
         self.summary.spill_crc32 = Some(self.crc.clone().finalize());
         self.summary.pos_crc32 = self.pos_crc.iter().map(|h| h.clone().finalize()).collect();
-        let (path, data) = (summary_path(work, file), format::to_json_bytes(&self.summary));
-        if cfg.sync_spills {
-            format::write_atomic(&path, &data)?;
-        } else {
-            // `resume::check_spills` redoes a file whose summary a power cut left unreadable.
-            format::write_atomic_unsynced(&path, &data)?;
-        }
+        format::write_atomic_synced_if(&summary_path(work, file), &format::to_json_bytes(&self.summary), cfg.shared_work)?;
         crate::testhook::point("stage1.file");
         Ok((self.summary, spill_bytes))
     }
@@ -784,7 +779,7 @@ mod tests {
             input_names: vec!["in.jsonl".into()],
             input_bytes: vec![],
             max_line: 1 << 20,
-            sync_spills: true,
+            shared_work: true,
         }
     }
 

@@ -90,7 +90,7 @@ pub fn job(opts: &BuildOptions, tok: &Tokenizer) -> Result<Job> {
 }
 
 /// What stage 1 needs of the recipe and tokenizer.
-pub fn stage1_config(recipe: &Recipe, tok: &Tokenizer, memory_limit: u64, sync_spills: bool) -> Arc<Stage1Config> {
+pub fn stage1_config(recipe: &Recipe, tok: &Tokenizer, memory_limit: u64, shared_work: bool) -> Arc<Stage1Config> {
     Arc::new(Stage1Config {
         encoder: tok.encoder.clone(),
         text_key: recipe.text_key.clone(),
@@ -107,7 +107,7 @@ pub fn stage1_config(recipe: &Recipe, tok: &Tokenizer, memory_limit: u64, sync_s
         input_names: recipe.inputs.iter().map(|f| f.path.clone()).collect(),
         input_bytes: recipe.inputs.iter().map(|f| f.bytes).collect(),
         max_line: stage1::max_line(memory_limit),
-        sync_spills,
+        shared_work,
     })
 }
 

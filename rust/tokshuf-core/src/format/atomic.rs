@@ -26,10 +26,11 @@ pub fn write_atomic_as(path: &Path, data: &[u8], name: &str) -> Result<()> {
     write_renamed(path, data, name, true)
 }
 
-/// `write_atomic` without the fsync: after a power cut the file may be missing, empty or
-/// partly written, so only for files whose reader treats an unreadable one as never written.
-pub fn write_atomic_unsynced(path: &Path, data: &[u8]) -> Result<()> {
-    write_renamed(path, data, &path.file_name().unwrap_or_default().to_string_lossy(), false)
+/// `write_atomic`, with the fsync only if `sync`: without it, after a power cut the file may be
+/// missing, empty or partly written, so only for files whose reader treats an unreadable one as
+/// never written.
+pub fn write_atomic_synced_if(path: &Path, data: &[u8], sync: bool) -> Result<()> {
+    write_renamed(path, data, &path.file_name().unwrap_or_default().to_string_lossy(), sync)
 }
 
 fn write_renamed(path: &Path, data: &[u8], name: &str, sync: bool) -> Result<()> {

@@ -12,7 +12,7 @@ mod meta;
 mod names;
 
 pub use atomic::{
-    append_lines, is_tmp, read_json, tmp_base, tmp_name, to_json_bytes, write_atomic, write_atomic_as, write_atomic_unsynced,
+    append_lines, is_tmp, read_json, tmp_base, tmp_name, to_json_bytes, write_atomic, write_atomic_as, write_atomic_synced_if,
 };
 pub use layout::{
     decode_ids, member_name, member_span, npy_header, npy_header_into, npy_header_shaped, npy_stride, parse_npy_ids, write_member_name,
