@@ -75,7 +75,7 @@ fn main() -> Result<()> {
         let ids = counts.into_iter().sum::<std::result::Result<usize, String>>()?;
         let (wall, cpu) = (t1.elapsed().as_secs_f64(), cpu_seconds(who) - c0);
         println!(
-            "round {round}: {} {:.1} MB, {ids} ids, load {load:.3} s, encode {wall:.3} s wall {cpu:.3} s cpu = {:.1} MB/s (cpu), {:.1} MB/s (wall)",
+            "round {round}: {} {:.1} MB, {ids} ids, load {load:.4} s, encode {wall:.3} s wall {cpu:.3} s cpu = {:.1} MB/s (cpu), {:.1} MB/s (wall)",
             tok.backend,
             bytes as f64 / 1e6,
             bytes as f64 / 1e6 / cpu,

@@ -57,7 +57,7 @@ impl Encoder for HfTokenizer {
 /// backend needs it only to decode and for a document no scanner models.
 struct LazyHf {
     path: PathBuf,
-    bytes: Arc<[u8]>,
+    bytes: Arc<Vec<u8>>,
     allow_special: bool,
     tok: OnceLock<std::result::Result<HfTokenizer, String>>,
 }
@@ -126,9 +126,10 @@ impl JsonFile {
 
 pub(super) fn load_tokenizer_json(spec: &str, file: JsonFile, allow_special: bool, backend: Backend) -> Result<Tokenizer> {
     let JsonFile { path, bytes, sha256: known } = file;
-    let bytes: Arc<[u8]> = bytes.into();
+    // (Not an `Arc<[u8]>`: that would copy the file, a millisecond for GPT-NeoX's.)
+    let bytes = Arc::new(bytes);
     let fast = backend != Backend::Reference;
-    let hash = || known.clone().unwrap_or_else(|| crate::format::hex(&Sha256::digest(&bytes)));
+    let hash = || known.clone().unwrap_or_else(|| crate::format::hex(&Sha256::digest(bytes.as_slice())));
     let text = fast.then(|| needless_escapes_written_out(&bytes));
     // Beside the model: the hash, and the fast backend's class table.
     let (sha256, parts) = side_by_side(
