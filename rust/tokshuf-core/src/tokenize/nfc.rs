@@ -90,9 +90,22 @@ impl NfcSafe {
     /// Could NFC change `text`? Characters below U+0300 (lead bytes below 0xCC) never do; the
     /// rest are looked up.
     pub fn may_change(&self, text: &str) -> bool {
-        let Some(first) = text.bytes().position(|x| x >= 0xCC) else { return false };
+        let Some(first) = first_lead_from_cc(text.as_bytes()) else { return false };
         text[first..].chars().any(|c| (c as u32) >= 0x300 && !self.contains(c as u32))
     }
+}
+
+/// Where the first byte of at least 0xCC is: 32 bytes a time without a branch on each (the
+/// byte-by-byte search was 4% of encoding source code with GPT-NeoX).
+fn first_lead_from_cc(b: &[u8]) -> Option<usize> {
+    let mut at = 0;
+    for chunk in b.chunks_exact(32) {
+        if chunk.iter().fold(false, |any, &x| any | (x >= 0xCC)) {
+            break;
+        }
+        at += 32;
+    }
+    b[at..].iter().position(|&x| x >= 0xCC).map(|k| at + k)
 }
 
 #[cfg(test)]
@@ -100,6 +113,21 @@ mod tests {
     use super::*;
     use unicode_normalization_alignments::char::canonical_combining_class;
     use unicode_normalization_alignments::{is_nfc_quick, IsNormalized};
+
+    #[test]
+    fn the_first_lead_byte_from_cc_is_found_at_any_offset() {
+        for len in 0..100 {
+            for at in 0..=len {
+                let mut b = vec![b'a'; len];
+                b.iter_mut().skip(at).step_by(7).for_each(|x| *x = 0xCB);
+                if at < len {
+                    b[at] = 0xCC + (at % 3) as u8;
+                }
+                let want = b.iter().position(|&x| x >= 0xCC);
+                assert_eq!(first_lead_from_cc(&b), want, "len {len} at {at}");
+            }
+        }
+    }
 
     #[test]
     fn ranges_are_what_the_normalizer_says() {
