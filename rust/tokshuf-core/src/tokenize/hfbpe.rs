@@ -160,10 +160,10 @@ impl MergeBpe {
                 None => return Err(format!("vocabulary lacks the byte-level character of byte {b:#04x}")),
             }
         }
-        // Two threads: one looks up the ids of most merges, the other those of the first
-        // eighth and builds the table of whole tokens (which takes about as long as the
-        // other three quarters of lookups). The second thread's errors come after the
-        // first's, as if in one pass.
+        // Two threads: one looks up the ids of 7/8 of the merges, the other those of the
+        // first eighth, then decodes the tokens and builds the table of whole tokens (which
+        // take about as long as three quarters of the lookups). The second thread's errors
+        // come after the first's, as if in one pass.
         let (first, second) = model.merges.split_at(model.merges.len() / 8);
         let (rest, (ids, whole)) = side_by_side(
             || merge_ids(vocab, second),
