@@ -28,7 +28,7 @@
 //! - Merging (on memo misses only) on integer pairs (`hfbpe.rs`), tiktoken's ranks turned
 //!   into a merge list; a piece that is a token of its own is found in one lookup (for
 //!   tokenizer.json files without `ignore_merges`, the short tokens whose own merge ends in
-//!   them, each found so the first time it is merged); O(n log n) on long pieces.
+//!   them, which the first merge of each tells); O(n log n) on long pieces.
 //! - NFC only where a character could change: a byte scan, then a per-character table.
 //!
 //! HOW IT STAYS EXACT
@@ -281,7 +281,7 @@ impl FastEncoder {
     fn encode_plain(&self, text: &str, added: Option<&Matcher>, out: &mut Vec<u32>, st: &mut ThreadState) -> Result<(), usize> {
         let model = &self.model;
         let encode = |p: &[u8], o: &mut Vec<u32>| model.encode_piece(p, o);
-        let mut pieces = Lookahead::new(&mut st.cache, Some(model.short_tokens()), text.as_bytes(), out, encode);
+        let mut pieces = Lookahead::new(&mut st.cache, model.short_tokens(), text.as_bytes(), out, encode);
         if added.is_none() {
             self.pretok.split_ranges(text, |s, e| pieces.push(s, e))?;
         } else {

@@ -72,7 +72,7 @@ const BATCH: usize = 64;
 /// then the pieces are looked up in order. Ids come out in piece order.
 pub struct Lookahead<'a, F> {
     cache: &'a mut PieceCache,
-    tokens: Option<&'a TokenTable>,
+    tokens: &'a TokenTable,
     text: &'a [u8],
     out: &'a mut Vec<u32>,
     encode: F,
@@ -82,8 +82,9 @@ pub struct Lookahead<'a, F> {
 
 impl<'a, F: Fn(&[u8], &mut Vec<u32>)> Lookahead<'a, F> {
     /// Pieces of `text` go through `cache`, their ids to `out`; `encode` merges a piece the
-    /// cache does not hold (appending its ids to `out`), looking it up in `tokens` first.
-    pub fn new(cache: &'a mut PieceCache, tokens: Option<&'a TokenTable>, text: &'a [u8], out: &'a mut Vec<u32>, encode: F) -> Self {
+    /// cache does not hold (appending its ids to `out`), after its line in `tokens` (the table
+    /// `encode` looks in first) was requested.
+    pub fn new(cache: &'a mut PieceCache, tokens: &'a TokenTable, text: &'a [u8], out: &'a mut Vec<u32>, encode: F) -> Self {
         Lookahead { cache, tokens, text, out, encode, batch: [IDLE; BATCH], len: 0 }
     }
 
@@ -113,11 +114,9 @@ impl<'a, F: Fn(&[u8], &mut Vec<u32>)> Lookahead<'a, F> {
     #[inline(never)]
     fn flush(&mut self) {
         let n = self.len;
-        if let Some(t) = self.tokens {
-            for at in &self.batch[..n] {
-                if at.set < KNOWN && at.end - at.start <= MAX_LEN && !self.cache.holds(at) {
-                    t.prefetch(pack(&self.text[at.start..at.end]));
-                }
+        for at in &self.batch[..n] {
+            if at.set < KNOWN && at.end - at.start <= MAX_LEN && !self.cache.holds(at) {
+                self.tokens.prefetch(pack(&self.text[at.start..at.end]));
             }
         }
         for at in &self.batch[..n] {
@@ -377,29 +376,26 @@ mod tests {
         let tokens: Vec<(&[u8], u32)> = distinct.iter().step_by(3).enumerate().map(|(i, &p)| (p, 1_000_000 + i as u32)).collect();
         let table = TokenTable::new(&tokens);
         for n in [0, 1, BATCH - 1, BATCH, BATCH + 1, 2 * BATCH + 3, pieces.len()] {
-            for with_table in [false, true] {
-                // Every seventh piece comes after a known id (an added token).
-                let mut want = vec![42];
+            // Every seventh piece comes after a known id (an added token).
+            let mut want = vec![42];
+            for (k, &(s, e)) in pieces[..n].iter().enumerate() {
+                if k % 7 == 3 {
+                    want.push(7_000_000 + k as u32);
+                }
+                enc(&text[s..e], &mut want);
+            }
+            let mut cache = PieceCache::new(3); // tiny: evictions throughout
+            for round in 0..2 {
+                let mut got = vec![42];
+                let mut la = Lookahead::new(&mut cache, &table, &text, &mut got, enc);
                 for (k, &(s, e)) in pieces[..n].iter().enumerate() {
                     if k % 7 == 3 {
-                        want.push(7_000_000 + k as u32);
+                        la.push_id(7_000_000 + k as u32);
                     }
-                    enc(&text[s..e], &mut want);
+                    la.push(s, e);
                 }
-                let mut cache = PieceCache::new(3); // tiny: evictions throughout
-                for round in 0..2 {
-                    let mut got = vec![42];
-                    let tokens = with_table.then_some(&table);
-                    let mut la = Lookahead::new(&mut cache, tokens, &text, &mut got, enc);
-                    for (k, &(s, e)) in pieces[..n].iter().enumerate() {
-                        if k % 7 == 3 {
-                            la.push_id(7_000_000 + k as u32);
-                        }
-                        la.push(s, e);
-                    }
-                    la.finish();
-                    assert_eq!(got, want, "{n} pieces, table {with_table}, round {round}");
-                }
+                la.finish();
+                assert_eq!(got, want, "{n} pieces, round {round}");
             }
         }
     }
