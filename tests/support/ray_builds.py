@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import gzip
 import json
-import threading
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -112,27 +113,29 @@ def build_losing_node(
     """A Ray build (a file and a chunk per task) during which worker ``node`` is lost: until
     its first task has paused at testhook ``point`` (written to ``trace``), the other nodes'
     CPUs are held, so the node runs it whatever the scheduler prefers; then the node is
-    removed. Returns the build's tokshuf.json (the build must succeed)."""
-    result: Dict[str, Any] = {}
+    removed. Returns the build's tokshuf.json (the build must succeed).
 
-    def run() -> None:
-        try:
-            options = _ray.RayOptions(cpus_per_task=1, task_bytes=1, chunks_per_task=1)
-            result["meta"] = ray_build(inputs, out, options, **opts)
-        except BaseException as e:
-            result["error"] = e
-
-    driver = threading.Thread(target=run)
+    The build's driver is a process of its own, as a user's would be: should Ray end it while
+    the cluster loses the node, the test fails with what it printed, and the test session
+    (Ray's driver that manages the cluster) goes on."""
+    args = build_args(inputs, out, **opts)
+    stdout, stderr = trace.with_name(trace.name + ".out"), trace.with_name(trace.name + ".err")
+    with stdout.open("w") as o, stderr.open("w") as e:
+        proc = subprocess.Popen([sys.executable, "-c", DRIVER, json.dumps(args), cluster.address], stdout=o, stderr=e)
     try:
-        with cluster.only_on(node) as free_others:
-            driver.start()
-            wait_for(trace, f"paused {point}", driver.is_alive)
-            free_others()
+        try:
+            with cluster.only_on(node) as free_others:
+                wait_for(trace, f"paused {point}", lambda: proc.poll() is None)
+                free_others()
+        finally:
+            cluster.remove_worker(node)
+        proc.wait(timeout=300)
     finally:
-        cluster.remove_worker(node)
-    driver.join(timeout=300)
-    assert "error" not in result, result.get("error")
-    return result["meta"]
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, f"the driver exited {proc.returncode}:\n{stderr.read_text()[-3000:]}"
+    return json.loads(stdout.read_text().splitlines()[-1])
 
 
 def wait_for(path: Path, text: str, alive: Optional[Callable[[], bool]], timeout: float = 120.0) -> None:
@@ -146,10 +149,12 @@ def wait_for(path: Path, text: str, alive: Optional[Callable[[], bool]], timeout
         time.sleep(0.05)
 
 
-# A Ray driver in a subprocess (a test SIGKILLs it): the build's arguments and the cluster.
+# A Ray driver in a subprocess (a test SIGKILLs it, or loses a node under it): it takes the build's
+# arguments and the cluster's address, and prints the cache's tokshuf.json.
 DRIVER = """
 import json, sys
 from tokshuf import _ray
 args, address = json.loads(sys.argv[1]), sys.argv[2]
-_ray.build(args, _ray.RayOptions(address=address, cpus_per_task=1, task_bytes=1, chunks_per_task=1), progress=False)
+options = _ray.RayOptions(address=address, cpus_per_task=1, task_bytes=1, chunks_per_task=1)
+print(json.dumps(_ray.build(args, options, progress=False)))
 """
