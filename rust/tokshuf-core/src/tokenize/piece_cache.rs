@@ -22,7 +22,7 @@
 use crate::tokenize::big_table::BigTable;
 use crate::tokenize::long_memo::LongMemo;
 use crate::tokenize::prefetch::prefetch;
-use crate::tokenize::token_table::{pack, TokenTable, MAX_LEN};
+use crate::tokenize::token_table::{pack_words, TokenTable, MAX_LEN};
 
 const KEY_BYTES: usize = 16;
 const SLOT_IDS: usize = 3;
@@ -116,7 +116,8 @@ impl<'a, F: Fn(&[u8], &mut Vec<u32>)> Lookahead<'a, F> {
         let n = self.len;
         for at in &self.batch[..n] {
             if at.set < KNOWN && at.end - at.start <= MAX_LEN && !self.cache.holds(at) {
-                self.tokens.prefetch(pack(&self.text[at.start..at.end]));
+                // The memo's key already holds the piece's bytes, zero-padded.
+                self.tokens.prefetch(pack_words(at.key, at.end - at.start));
             }
         }
         for at in &self.batch[..n] {

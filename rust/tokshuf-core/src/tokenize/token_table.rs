@@ -36,6 +36,14 @@ pub fn pack(bytes: &[u8]) -> u128 {
     lo as u128 | (hi as u128) << 64 | (n as u128) << 120
 }
 
+/// `pack` of a piece of `len` bytes (at most `MAX_LEN`) given as two little-endian words,
+/// zero beyond the piece (the memo's key of it).
+#[inline(always)]
+pub fn pack_words(words: [u64; 2], len: usize) -> u128 {
+    debug_assert!(len <= MAX_LEN);
+    words[0] as u128 | (words[1] as u128) << 64 | (len as u128) << 120
+}
+
 /// `pack(&buf[start..start + len])` for a buffer holding at least 16 bytes from `start`:
 /// one load and a mask, no copy.
 #[inline(always)]
@@ -239,8 +247,8 @@ mod tests {
         }
     }
 
-    /// The loads from both ends give what a copy into a zeroed buffer gives, at every length,
-    /// zero bytes included.
+    /// The loads from both ends, and the two zero-padded words, give what a copy into a zeroed
+    /// buffer gives, at every length, zero bytes included.
     #[test]
     fn pack_equals_the_bytes_copied_into_a_zeroed_buffer() {
         let mut seed = 3u64;
@@ -254,8 +262,10 @@ mod tests {
                     .collect();
                 let mut buf = [0u8; 16];
                 buf[..len].copy_from_slice(&bytes);
+                let words = [u64::from_le_bytes(buf[..8].try_into().unwrap()), u64::from_le_bytes(buf[8..].try_into().unwrap())];
                 buf[15] = len as u8;
                 assert_eq!(pack(&bytes), u128::from_le_bytes(buf), "{bytes:?}");
+                assert_eq!(pack_words(words, len), pack(&bytes), "{bytes:?}");
             }
         }
     }
