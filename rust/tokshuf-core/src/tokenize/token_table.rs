@@ -33,7 +33,7 @@ pub fn pack(bytes: &[u8]) -> u128 {
         8 => (word(0), 0),
         _ => (word(0), word(n - 8) >> (8 * (16 - n))),
     };
-    lo as u128 | (hi as u128) << 64 | (n as u128) << 120
+    pack_words([lo, hi], n)
 }
 
 /// `pack` of a piece of `len` bytes (at most `MAX_LEN`) given as two little-endian words,
