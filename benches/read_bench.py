@@ -4,7 +4,8 @@ against a plain NumPy copy of the same tokens into the output dtype (and, to sho
 yardstick leaves out, the same copy into 5 arrays in turn and a NumPy gather of random rows),
 stock webdataset on the same tars, and mosaicml-streaming (MDS) and litdata's TokensLoader on
 the same contexts (when installed); bytes per token of each format; a blend; seek time to step
-1 and 10^9; the time to open a cache of 100,000 chunks in a fresh process.
+1 and 10^9; the time to open a cache of 100,000 chunks in a fresh process, and to list its folder
+alone.
 
     python -m benches.read_bench --build CORPUS_DIR --out /tmp/bench   # builds every format
     python -m benches.read_bench --cache CACHE                         # one existing cache
@@ -391,9 +392,18 @@ print(w1 - w, c1 - c, time.perf_counter() - w1)
 """
 
 
+LIST_SCRIPT = """
+import os, sys, time
+w = time.perf_counter()
+sum(1 for _ in os.scandir(sys.argv[1]))
+print((time.perf_counter() - w) * 1e3)
+"""
+
+
 def bench_open(chunks: int, runs: int, tmp: Path, results: Dict) -> None:
     """Opening a cache of `chunks` chunks in a fresh process (interpreter start and import not
-    counted), with the default checks and with check_files=False."""
+    counted), with the default checks and with check_files=False; and listing its folder alone,
+    what the default check cannot go below."""
     import subprocess
 
     root = tmp / f"open{chunks}"
@@ -416,6 +426,16 @@ def bench_open(chunks: int, runs: int, tmp: Path, results: Dict) -> None:
             f"  open {chunks:,} chunks, check_files={check!s:<6}{wall:>8.1f} ms ({cpu:.1f} ms CPU); Reader + locate {reader:.1f} ms",
             flush=True,
         )
+    listing = statistics.median(
+        float(
+            subprocess.run(
+                [sys.executable, "-c", LIST_SCRIPT, str(root)], capture_output=True, text=True, check=True
+            ).stdout
+        )
+        for _ in range(runs)
+    )
+    results[f"list {chunks} chunks"] = {"ms": listing}
+    print(f"  list the folder alone (os.scandir)   {listing:>8.1f} ms", flush=True)
 
 
 FORMATS = ("npy", "json.gz", "blocks", "blocks.zst")
