@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Iterator, List, Tuple
 
@@ -11,6 +14,10 @@ import pytest
 from hypothesis import HealthCheck, settings
 from support.corpus import three_files
 from support.s3 import S3, bucket, moto_server
+
+# The tokenizer tables the fast backend saves go to a folder of this session, not ~/.cache.
+os.environ["TOKSHUF_TOKENIZER_CACHE"] = tempfile.mkdtemp(prefix="tokshuf-tables-")
+atexit.register(shutil.rmtree, os.environ["TOKSHUF_TOKENIZER_CACHE"], ignore_errors=True)
 
 # Small by default so CI stays fast; HYPOTHESIS_PROFILE=dev for a longer local run.
 settings.register_profile("ci", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -13,6 +13,9 @@ from __future__ import annotations
 import functools
 import gzip
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import tokenizers
@@ -488,6 +491,71 @@ def test_variants_equal_reference(variant_tok):
     assert_same(fast(path).encode_batch(texts), expected, texts, path)
     expected = [e.ids for e in plain.encode_batch(texts, add_special_tokens=False)]
     assert_same(fast(path, True).encode_batch(texts), expected, texts, path + " allow_special")
+
+
+SAVED_TABLES_SCRIPT = """
+import json, sys, tokshuf
+t = tokshuf.Tokenizer(sys.argv[1], backend="fast")
+print(json.dumps([t.encode_batch(json.load(sys.stdin)), [t.vocab_size, t.eot_id, t.pad_id, t.bos_id, t.sha256]]))
+"""
+
+
+def test_variants_from_tables_saved_on_disk_equal_reference(variant_tok, tmp_path):
+    """One process saves the fast backend's tables of a tokenizer.json in
+    TOKSHUF_TOKENIZER_CACHE, the next loads them instead of parsing the file (it leaves the
+    saved file as it is): both encode as the reference and name the same ids."""
+    path, ref, _ = variant_tok
+    texts = VARIANT_TEXTS + sample_texts()[::50]
+    expected = [e.ids for e in ref.encode_batch(texts, add_special_tokens=False)]
+    r = tokshuf.Tokenizer(path, backend="reference")
+    identity = [r.vocab_size, r.eot_id, r.pad_id, r.bos_id, r.sha256]
+    folder = tmp_path / "tables"
+    env = {**os.environ, "TOKSHUF_TOKENIZER_CACHE": str(folder)}
+    inodes = []
+    for run in ("saving", "reading"):
+        out = subprocess.run(
+            [sys.executable, "-c", SAVED_TABLES_SCRIPT, path],
+            input=json.dumps(texts),
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        ids, got_identity = json.loads(out.stdout)
+        assert_same(ids, expected, texts, f"{path} ({run} the tables)")
+        assert got_identity == identity, run
+        (saved,) = folder.iterdir()
+        inodes.append(saved.stat().st_ino)
+    assert inodes[0] == inodes[1], "the second process saved the tables again rather than reading them"
+
+
+def test_no_tables_are_saved_where_the_folder_is_empty(tmp_path):
+    env = {
+        **os.environ,
+        "TOKSHUF_TOKENIZER_CACHE": "",
+        "XDG_CACHE_HOME": str(tmp_path / "xdg"),
+        "HOME": str(tmp_path / "home"),
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", SAVED_TABLES_SCRIPT, str(tokref.NEOX_JSON)],
+        input="[]",
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(out.stdout)[0] == []
+    assert not (tmp_path / "xdg").exists() and not (tmp_path / "home").exists()
+    env.pop("TOKSHUF_TOKENIZER_CACHE")
+    subprocess.run(
+        [sys.executable, "-c", SAVED_TABLES_SCRIPT, str(tokref.NEOX_JSON)],
+        input="[]",
+        env=env,
+        text=True,
+        check=True,
+        capture_output=True,
+    )
+    assert len(list((tmp_path / "xdg" / "tokshuf" / "tokenizers").iterdir())) == 1
 
 
 @pytest.mark.parametrize("allow_special", [False, True])

@@ -1,3 +1,7 @@
+//! A hash of the tokenizers' source (`src/tokenize`), which names the tables
+//! `tokenize::saved_tables` keeps on disk: a build whose tokenizer code differs in any way
+//! never reads tables an other one saved.
+//!
 //! The embedded tiktoken encodings: `data/NAME.tiktoken.gz` (tiktoken's own files, as
 //! published) turned into `OUT_DIR/NAME.tokens`, each rank's token as a length byte and its
 //! bytes, a zero length for a rank without a token. Loading an encoding then neither inflates
@@ -22,7 +26,26 @@ fn base64_decode(s: &[u8]) -> Vec<u8> {
     out
 }
 
+/// FNV-1a of every file under `dir`, in order of path, names included.
+fn source_hash(dir: &std::path::Path, hash: &mut u64) {
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir).expect("src/tokenize").map(|e| e.expect("src/tokenize").path()).collect();
+    entries.sort();
+    for path in entries {
+        let bytes = if path.is_dir() { Vec::new() } else { std::fs::read(&path).expect("src/tokenize") };
+        for &b in path.to_string_lossy().as_bytes().iter().chain(&bytes) {
+            *hash = (*hash ^ b as u64).wrapping_mul(0x100_0000_01b3);
+        }
+        if path.is_dir() {
+            source_hash(&path, hash);
+        }
+    }
+}
+
 fn main() {
+    println!("cargo:rerun-if-changed=src/tokenize");
+    let mut hash = 0xcbf2_9ce4_8422_2325;
+    source_hash(std::path::Path::new("src/tokenize"), &mut hash);
+    println!("cargo:rustc-env=TOKSHUF_TOKENIZE_SOURCE={hash:016x}");
     let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     for name in NAMES {
         let src = format!("data/{name}.tiktoken.gz");

@@ -58,7 +58,7 @@ use crate::tokenize::added_tokens::{segments, Matcher, Seg};
 use crate::tokenize::bpe::TokenList;
 use crate::tokenize::encoder::Encoder;
 use crate::tokenize::hf_json::{added_token_ids, AddedToken, BpeModel, ModelHead, TokenizerFile, Vocab};
-use crate::tokenize::hfbpe::MergeBpe;
+use crate::tokenize::hfbpe::{MergeBpe, MergeSource};
 use crate::tokenize::nfc::NfcSafe;
 use crate::tokenize::piece_cache::{Lookahead, PieceCache};
 use crate::tokenize::pretok::{Engine, Pattern, PreTokenizer};
@@ -111,15 +111,27 @@ static NEXT_UID: AtomicU64 = AtomicU64::new(1);
 
 /// See `FastEncoder::tokenizer_json_parts`.
 pub struct JsonParts<'a> {
-    /// With an NFC normalizer, the characters it never changes.
-    nfc: Option<Arc<NfcSafe>>,
-    pretok: PreTokenizer,
+    /// Whether the normalizer is NFC (else there is none).
+    nfc: bool,
+    pattern: Pattern,
     model: MergeBpe,
+    source: MergeSource,
     vocab: Vocab<'a>,
     /// The added tokens by the ids the `tokenizers` crate gives them, if found without it.
     added: Option<Vec<(u32, AddedToken)>>,
     /// The pad id of the padding section.
     pad_id: Option<u32>,
+}
+
+/// All a tokenizer.json's fast encoder is made from, without its strings: what
+/// `saved_tables` keeps on disk.
+pub struct JsonTables {
+    /// Whether the normalizer is NFC (else there is none).
+    pub nfc: bool,
+    pub pattern: Pattern,
+    pub source: MergeSource,
+    /// The added tokens by their ids.
+    pub added: Vec<(u32, AddedToken)>,
 }
 
 impl<'a> JsonParts<'a> {
@@ -138,6 +150,13 @@ impl<'a> JsonParts<'a> {
     pub fn vocab_size(&self) -> usize {
         let added = self.added.as_deref().unwrap_or_default();
         self.vocab.len() + added.iter().filter(|(_, t)| !self.vocab.contains_key(t.content.as_str())).count()
+    }
+
+    /// The tables (if the added tokens are known) and the merge model made from them.
+    pub fn into_tables(self) -> Result<(JsonTables, MergeBpe), String> {
+        let JsonParts { nfc, pattern, model, source, added, .. } = self;
+        let added = added.ok_or("the added tokens' ids are not known")?;
+        Ok((JsonTables { nfc, pattern, source, added }, model))
     }
 
     /// The pad id the file's padding section names, if it has one.
@@ -208,37 +227,41 @@ impl FastEncoder {
         check_bpe_model(&head)?;
         let ignore_merges = head.ignore_merges.as_ref().and_then(Value::as_bool).unwrap_or(false);
         let body = BpeModel::parse(&head)?;
-        let model = MergeBpe::from_model(&body, ignore_merges)?;
         let added = added_token_ids(file.added_tokens, &body.vocab);
         // The crate's default pad id is 0.
         let pad_id = file.padding.filter(|p| !p.is_null()).map(|p| p.get("pad_id").and_then(Value::as_u64).unwrap_or(0) as u32);
-        Ok(JsonParts {
-            pad_id,
-            nfc: nfc.then(NfcSafe::shared),
-            pretok: PreTokenizer::new(pattern).map_err(|e| e.to_string())?,
-            model,
-            vocab: body.vocab,
-            added,
-        })
+        let (model, source) = MergeBpe::from_model(&body, ignore_merges)?;
+        Ok(JsonParts { nfc, pattern, model, source, vocab: body.vocab, added, pad_id })
     }
 
     /// The encoder of a tokenizer.json from its `parts`, their added tokens known (read from
     /// the file, or `with_added_tokens`); `Err(reason)` if its added tokens are not modelled.
     pub fn tokenizer_json(parts: JsonParts<'_>, allow_special: bool, reference: Arc<dyn Encoder>) -> Result<FastEncoder, String> {
-        let JsonParts { nfc, pretok, model, added, .. } = parts;
-        let added = added.ok_or("the added tokens' ids are not known")?;
+        let (tables, model) = parts.into_tables()?;
+        FastEncoder::from_tables(&tables, model, allow_special, reference)
+    }
+
+    /// The encoder of a tokenizer.json from its `tables` and the `model` made from them
+    /// (`JsonParts::into_tables`, or `MergeBpe::from_source` of tables saved on disk).
+    pub fn from_tables(
+        tables: &JsonTables,
+        model: MergeBpe,
+        allow_special: bool,
+        reference: Arc<dyn Encoder>,
+    ) -> Result<FastEncoder, String> {
+        let nfc = tables.nfc.then(NfcSafe::shared);
         let mut raw = Vec::new();
         let mut normalized = Vec::new();
-        for (id, t) in added {
+        for (id, t) in &tables.added {
             if t.single_word || t.lstrip || t.rstrip {
                 return Err(format!("added token {:?} uses single_word/lstrip/rstrip", t.content));
             }
             let skip = t.special && !allow_special;
             if t.normalized {
-                let content = if nfc.is_some() { t.content.nfc().map(|(c, _)| c).collect() } else { t.content };
-                normalized.push((content, id, skip));
+                let content = if nfc.is_some() { t.content.nfc().map(|(c, _)| c).collect() } else { t.content.clone() };
+                normalized.push((content, *id, skip));
             } else {
-                raw.push((t.content, id, skip));
+                raw.push((t.content.clone(), *id, skip));
             }
         }
         // All-skipped raw tokens never split anything; with no split, the normalizer runs
@@ -247,7 +270,7 @@ impl FastEncoder {
         let normalized_added = if normalized.iter().all(|&(_, _, skip)| skip) { None } else { Matcher::build(normalized)? };
         Ok(FastEncoder {
             uid: NEXT_UID.fetch_add(1, Ordering::Relaxed),
-            pretok,
+            pretok: PreTokenizer::new(tables.pattern).map_err(|e| e.to_string())?,
             model: Model::Merges(model),
             nfc,
             raw_added,

@@ -10,7 +10,7 @@ use std::fmt;
 
 use rustc_hash::FxHashMap;
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
@@ -30,7 +30,7 @@ pub struct TokenizerFile<'a> {
 }
 
 /// An entry of `added_tokens`; every field is required, as by the `tokenizers` crate.
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
 pub struct AddedToken {
     pub content: String,
     pub single_word: bool,

@@ -62,15 +62,15 @@ fn merge_ids(vocab: &Vocab, merges: &[Merge]) -> Result<Vec<[u32; 3]>, String> {
         .collect()
 }
 
-/// Every token's bytes in one buffer (no allocation per token) and each token's span of it
+/// Every token's bytes in one buffer (no allocation per token) and the end of each in it
 /// with its id; tokens holding a character outside `alphabet` are left out.
-fn token_bytes(vocab: &Vocab, alphabet: &[char; 256]) -> (Vec<u8>, Vec<(usize, usize, u32)>) {
+fn token_bytes(vocab: &Vocab, alphabet: &[char; 256]) -> (Vec<u8>, Vec<(usize, u32)>) {
     // The alphabet's characters are below U+0200.
     let mut inverse = [u16::MAX; 0x200];
     for (b, &c) in alphabet.iter().enumerate() {
         inverse[c as usize] = b as u16;
     }
-    let (mut bytes, mut spans) = (Vec::with_capacity(vocab.len() * 8), Vec::with_capacity(vocab.len()));
+    let (mut bytes, mut ends) = (Vec::with_capacity(vocab.len() * 8), Vec::with_capacity(vocab.len()));
     'tokens: for (tok, &id) in vocab {
         let start = bytes.len();
         for c in tok.chars() {
@@ -82,9 +82,50 @@ fn token_bytes(vocab: &Vocab, alphabet: &[char; 256]) -> (Vec<u8>, Vec<(usize, u
                 }
             }
         }
-        spans.push((start, bytes.len(), id));
+        ends.push((bytes.len(), id));
     }
-    (bytes, spans)
+    (bytes, ends)
+}
+
+/// The table of `merges` ((left, right, merged) ids by rank), and whether every merged id
+/// is below 2^31.
+fn pair_table(merges: &[[u32; 3]]) -> (PairTable, bool) {
+    let mut table = PairTable::with_capacity(merges.len());
+    let mut ids_fit = true;
+    for (rank, &[a, b, merged]) in merges.iter().enumerate() {
+        // Later duplicates win, as in `tokenizers` (it collects into a map in order).
+        table.insert(a, b, rank as u32, merged);
+        ids_fit &= merged < 1 << 31;
+    }
+    (table, ids_fit)
+}
+
+/// (rank, merged id) of each pair of single bytes, from the merges in order of rank (later
+/// duplicates win, as in `pair_table`): one pass over the merges rather than a lookup of
+/// every pair in the table, which missed the caches 65,536 times.
+fn byte_pairs(byte_ids: &[u32; 256], merges: &[[u32; 3]]) -> Box<[(u32, u32)]> {
+    // Two bytes' characters may share an id, in a vocabulary that gives two tokens one id.
+    let mut bytes_of: FxHashMap<u32, Vec<u8>> = FxHashMap::default();
+    for (b, &id) in byte_ids.iter().enumerate().filter(|&(_, &id)| id != u32::MAX) {
+        bytes_of.entry(id).or_default().push(b as u8);
+    }
+    let mut pairs = vec![NO_PAIR; 256 * 256].into_boxed_slice();
+    for (rank, [a, b, merged]) in merges.iter().enumerate() {
+        if let (Some(xs), Some(ys)) = (bytes_of.get(a), bytes_of.get(b)) {
+            for &x in xs {
+                for &y in ys {
+                    pairs[x as usize * 256 + y as usize] = (rank as u32, *merged);
+                }
+            }
+        }
+    }
+    pairs
+}
+
+/// The tokens of `token_bytes` as (bytes, id).
+fn decoded<'a>(bytes: &'a [u8], ends: &'a [(usize, u32)]) -> impl Iterator<Item = (&'a [u8], u32)> {
+    let starts = std::iter::once(0).chain(ends.iter().map(|&(end, _)| end));
+    starts.zip(ends).map(|(start, &(end, id))| (&bytes[start..end], id))
 }
 
 /// Pieces that are themselves a token and encode to it, found without merging: tokens of up
@@ -113,6 +154,15 @@ impl Whole {
     fn tokens<'a>(it: impl Iterator<Item = (&'a [u8], u32)>) -> Whole {
         let (short, long): (Vec<_>, Vec<_>) = it.filter(|(b, _)| !b.is_empty()).partition(|(b, _)| b.len() <= MAX_LEN);
         Whole { short: TokenTable::new(&short), long: long.into_iter().map(|(b, id)| (b.to_vec(), id)).collect(), own: None }
+    }
+
+    /// The tokens of `it`: all of them with `ignore_merges`, else the short ones.
+    fn of<'a>(it: impl Iterator<Item = (&'a [u8], u32)>, ignore_merges: bool) -> Whole {
+        if ignore_merges {
+            Whole::tokens(it)
+        } else {
+            Whole::merged_tokens(it)
+        }
     }
 
     /// The short tokens of `it`, each its own encoding once merging it says so.
@@ -144,10 +194,23 @@ pub struct MergeBpe {
     ids_fit: bool,
 }
 
+/// What a `MergeBpe` is made from, without the vocabulary's strings: each byte's id, each
+/// merge's ids by rank, and each token's bytes. It is what `saved_tables` keeps on disk.
+pub struct MergeSource {
+    pub byte_ids: [u32; 256],
+    /// (left, right, merged) ids, by rank.
+    pub merges: Vec<[u32; 3]>,
+    /// The bytes of every token, one after another; `tokens` holds (end, id) of each.
+    pub token_bytes: Vec<u8>,
+    pub tokens: Vec<(usize, u32)>,
+    pub ignore_merges: bool,
+}
+
 impl MergeBpe {
     /// From the `model` of a tokenizer.json, which the caller has checked to be a plain
-    /// byte-level BPE (no dropout, prefixes, suffixes). Errors name what is missing.
-    pub fn from_model(model: &BpeModel, ignore_merges: bool) -> std::result::Result<MergeBpe, String> {
+    /// byte-level BPE (no dropout, prefixes, suffixes), with what it was made from. Errors
+    /// name what is missing.
+    pub fn from_model(model: &BpeModel, ignore_merges: bool) -> std::result::Result<(MergeBpe, MergeSource), String> {
         let vocab = &model.vocab;
         let id_of = |tok: &str| vocab.get(tok).copied();
         let alphabet = byte_level_alphabet();
@@ -165,37 +228,30 @@ impl MergeBpe {
         // take about as long as three quarters of the lookups). The second thread's errors
         // come after the first's, as if in one pass.
         let (first, second) = model.merges.split_at(model.merges.len() / 8);
-        let (rest, (ids, whole)) = side_by_side(
+        let (rest, (ids, token_bytes, tokens, whole)) = side_by_side(
             || merge_ids(vocab, second),
             || {
                 let ids = merge_ids(vocab, first);
-                let (bytes, spans) = token_bytes(vocab, &alphabet);
-                let decoded = spans.iter().map(|&(s, e, id)| (&bytes[s..e], id));
-                (ids, if ignore_merges { Whole::tokens(decoded) } else { Whole::merged_tokens(decoded) })
+                let (bytes, ends) = token_bytes(vocab, &alphabet);
+                let whole = Whole::of(decoded(&bytes, &ends), ignore_merges);
+                (ids, bytes, ends, whole)
             },
         );
-        let mut merges = PairTable::with_capacity(model.merges.len());
-        let mut ids_fit = true;
-        for (rank, [a, b, merged]) in ids?.into_iter().chain(rest?).enumerate() {
-            // Later duplicates win, as in `tokenizers` (it collects into a map in order).
-            merges.insert(a, b, rank as u32, merged);
-            ids_fit &= merged < 1 << 31;
-        }
-        Ok(MergeBpe::assemble(byte_ids, merges, whole, ids_fit))
+        let mut merges = ids?;
+        merges.extend(rest?);
+        let (table, ids_fit) = pair_table(&merges);
+        let byte_pairs = byte_pairs(&byte_ids, &merges);
+        let bpe = MergeBpe { byte_ids, byte_pairs, merges: table, whole, ids_fit };
+        Ok((bpe, MergeSource { byte_ids, merges, token_bytes, tokens, ignore_merges }))
     }
 
-    fn assemble(byte_ids: [u32; 256], merges: PairTable, whole: Whole, ids_fit: bool) -> MergeBpe {
-        let mut byte_pairs = vec![NO_PAIR; 256 * 256].into_boxed_slice();
-        for a in 0..256 {
-            for b in 0..256 {
-                if byte_ids[a] != u32::MAX && byte_ids[b] != u32::MAX {
-                    if let Some(m) = merges.get(byte_ids[a], byte_ids[b]) {
-                        byte_pairs[a * 256 + b] = m;
-                    }
-                }
-            }
-        }
-        MergeBpe { byte_ids, byte_pairs, merges, whole, ids_fit }
+    /// From what `from_model` made it from: the table of pairs and that of whole tokens
+    /// side by side.
+    pub fn from_source(source: &MergeSource) -> MergeBpe {
+        let MergeSource { byte_ids, merges, token_bytes, tokens, ignore_merges } = source;
+        let (whole, ((table, ids_fit), byte_pairs)) =
+            side_by_side(|| Whole::of(decoded(token_bytes, tokens), *ignore_merges), || (pair_table(merges), byte_pairs(byte_ids, merges)));
+        MergeBpe { byte_ids: *byte_ids, byte_pairs, merges: table, whole, ids_fit }
     }
 
     #[inline]
@@ -438,7 +494,7 @@ mod tests {
             vocab.entry(text(format!("{a}{b}"))).or_insert(id);
         }
         let merges = merges.iter().map(|(a, b)| Merge(text(a.to_string()), text(b.to_string()))).collect();
-        MergeBpe::from_model(&BpeModel { vocab, merges }, false).unwrap()
+        MergeBpe::from_model(&BpeModel { vocab, merges }, false).unwrap().0
     }
 
     /// `len` letters of "abc", pseudo-random from `seed`.
@@ -513,7 +569,38 @@ mod tests {
     fn neox() -> MergeBpe {
         let bytes = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data/gpt-neox-20b.json")).unwrap();
         let file: crate::tokenize::hf_json::TokenizerFile = serde_json::from_slice(&bytes).unwrap();
-        MergeBpe::from_model(&BpeModel::parse(&file.model.unwrap()).unwrap(), false).unwrap()
+        MergeBpe::from_model(&BpeModel::parse(&file.model.unwrap()).unwrap(), false).unwrap().0
+    }
+
+    /// The pairs of single bytes made in one pass over the merges are those the pair table
+    /// gives every pair: GPT-NeoX's, and merges where two bytes share an id and pairs repeat.
+    #[test]
+    fn byte_pairs_equal_the_pair_table() {
+        let every_pair = |byte_ids: &[u32; 256], merges: &[[u32; 3]]| {
+            let (table, _) = pair_table(merges);
+            let mut pairs = vec![NO_PAIR; 256 * 256];
+            for a in 0..256 {
+                for b in 0..256 {
+                    if byte_ids[a] != u32::MAX && byte_ids[b] != u32::MAX {
+                        pairs[a * 256 + b] = table.get(byte_ids[a], byte_ids[b]).unwrap_or(NO_PAIR);
+                    }
+                }
+            }
+            pairs
+        };
+        let bpe = neox();
+        let bytes = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data/gpt-neox-20b.json")).unwrap();
+        let file: crate::tokenize::hf_json::TokenizerFile = serde_json::from_slice(&bytes).unwrap();
+        let (_, source) = MergeBpe::from_model(&BpeModel::parse(&file.model.unwrap()).unwrap(), false).unwrap();
+        assert_eq!(*bpe.byte_pairs, every_pair(&bpe.byte_ids, &source.merges)[..]);
+        let mut byte_ids = [u32::MAX; 256];
+        byte_ids[b'a' as usize] = 1;
+        byte_ids[b'b' as usize] = 1;
+        byte_ids[b'c' as usize] = 2;
+        let merges = [[1, 2, 10], [2, 1, 11], [1, 1, 12], [1, 2, 13], [10, 2, 14], [2, 9, 15]];
+        let pairs = byte_pairs(&byte_ids, &merges);
+        assert_eq!(*pairs, every_pair(&byte_ids, &merges)[..]);
+        assert_eq!(pairs[b'b' as usize * 256 + b'c' as usize], (3, 13));
     }
 
     /// A short token met as a piece gives the ids of its merge, the first time (when it is
@@ -524,9 +611,9 @@ mod tests {
         let bytes = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data/gpt-neox-20b.json")).unwrap();
         let file: crate::tokenize::hf_json::TokenizerFile = serde_json::from_slice(&bytes).unwrap();
         let model = BpeModel::parse(&file.model.unwrap()).unwrap();
-        let bpe = MergeBpe::from_model(&model, false).unwrap();
-        let (bytes, spans) = token_bytes(&model.vocab, &byte_level_alphabet());
-        let short: Vec<(&[u8], u32)> = spans.iter().map(|&(s, e, id)| (&bytes[s..e], id)).filter(|(b, _)| b.len() <= MAX_LEN).collect();
+        let (bpe, _) = MergeBpe::from_model(&model, false).unwrap();
+        let (bytes, ends) = token_bytes(&model.vocab, &byte_level_alphabet());
+        let short: Vec<(&[u8], u32)> = decoded(&bytes, &ends).filter(|(b, _)| b.len() <= MAX_LEN).collect();
         let mut not_own = Vec::new();
         for pass in 0..2 {
             for &(piece, id) in &short {

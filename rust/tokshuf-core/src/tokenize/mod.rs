@@ -27,6 +27,7 @@ pub mod piece_cache;
 mod prefetch;
 pub mod pretok;
 mod rank_bpe;
+mod saved_tables;
 mod tiktoken;
 mod token_table;
 mod tokenizer_json;

@@ -8,7 +8,9 @@ use sha2::{Digest, Sha256};
 
 use super::fast::FastEncoder;
 use super::hf_json::{crate_added_tokens, needless_escapes_written_out};
+use super::hfbpe::MergeBpe;
 use super::pretok::CharClasses;
+use super::saved_tables::{self, Saved};
 use super::{choose, side_by_side, Backend, Encoder, Tokenizer, FAST_BACKEND};
 use crate::error::{Error, Result};
 
@@ -125,11 +127,35 @@ impl JsonFile {
 }
 
 pub(super) fn load_tokenizer_json(spec: &str, file: JsonFile, allow_special: bool, backend: Backend) -> Result<Tokenizer> {
+    load_saving_tables(spec, file, allow_special, backend, saved_tables::folder().as_deref())
+}
+
+/// `load_tokenizer_json`, with the fast backend's tables loaded from, or saved to, `tables`.
+pub(super) fn load_saving_tables(
+    spec: &str,
+    file: JsonFile,
+    allow_special: bool,
+    backend: Backend,
+    tables: Option<&Path>,
+) -> Result<Tokenizer> {
     let JsonFile { path, bytes, sha256: known } = file;
     // (Not an `Arc<[u8]>`: that would copy the file, a millisecond for GPT-NeoX's.)
     let bytes = Arc::new(bytes);
     let fast = backend != Backend::Reference;
-    let hash = || known.clone().unwrap_or_else(|| crate::format::hex(&Sha256::digest(bytes.as_slice())));
+    let tables = tables.filter(|_| fast);
+    let hash = || crate::format::hex(&Sha256::digest(bytes.as_slice()));
+    let reference = || Arc::new(LazyHf { path: path.clone(), bytes: bytes.clone(), allow_special, tok: OnceLock::new() });
+    // Tables saved by an earlier load are found by the file's hash: then nothing is parsed.
+    let known = if tables.is_some() { Some(known.unwrap_or_else(hash)) } else { known };
+    if let (Some(dir), Some(sha256)) = (tables, &known) {
+        if let Some(Saved { tables: saved, special_ids: [eot_id, pad_id, bos_id], vocab_size }) = saved_tables::load(dir, sha256) {
+            let model = MergeBpe::from_source(&saved.source);
+            if let Ok(fast) = FastEncoder::from_tables(&saved, model, allow_special, reference()) {
+                let (backend, encoder, sha256) = (FAST_BACKEND, Arc::new(fast), sha256.clone());
+                return Ok(Tokenizer { spec: spec.to_string(), sha256, vocab_size, backend, eot_id, pad_id, bos_id, encoder });
+            }
+        }
+    }
     let text = fast.then(|| needless_escapes_written_out(&bytes));
     // Beside the model: the hash, and the fast backend's class table.
     let (sha256, parts) = side_by_side(
@@ -137,7 +163,7 @@ pub(super) fn load_tokenizer_json(spec: &str, file: JsonFile, allow_special: boo
             if fast {
                 let _ = CharClasses::shared();
             }
-            hash()
+            known.clone().unwrap_or_else(hash)
         },
         || text.as_deref().map(FastEncoder::tokenizer_json_parts),
     );
@@ -148,9 +174,12 @@ pub(super) fn load_tokenizer_json(spec: &str, file: JsonFile, allow_special: boo
             let [eot_id, pad_id, bos_id] = special_ids(|t| p.token_id(t));
             let pad_id = p.pad_id().or(pad_id);
             let vocab_size = id_bound(&path, p.max_id(), p.vocab_size())?;
-            let reference = Arc::new(LazyHf { path: path.clone(), bytes: bytes.clone(), allow_special, tok: OnceLock::new() });
-            match FastEncoder::tokenizer_json(p, allow_special, reference) {
-                Ok(fast) => {
+            let built = p.into_tables().and_then(|(t, model)| Ok((FastEncoder::from_tables(&t, model, allow_special, reference())?, t)));
+            match built {
+                Ok((fast, made)) => {
+                    if let Some(dir) = tables {
+                        saved_tables::save(dir, &sha256, &Saved { tables: made, special_ids: [eot_id, pad_id, bos_id], vocab_size });
+                    }
                     let (backend, encoder) = (FAST_BACKEND, Arc::new(fast));
                     return Ok(Tokenizer { spec: spec.to_string(), sha256, vocab_size, backend, eot_id, pad_id, bos_id, encoder });
                 }

@@ -28,7 +28,7 @@ use scan::Scanner;
 
 use crate::error::Result;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Pattern {
     /// GPT-2: r50k/p50k in tiktoken, ByteLevel(use_regex) in Hugging Face.
     Gpt2,
