@@ -99,7 +99,9 @@ class Tokenizer:
             ``tokenizer_backend``).
 
     A process loads each tokenizer once: later Tokenizers and builds with the same spec and
-    options share it (until its file changes).
+    options share it (until its file changes). The fast backend saves the tables it makes of a
+    tokenizer.json in ``$TOKSHUF_TOKENIZER_CACHE`` (default ``~/.cache/tokshuf/tokenizers``;
+    empty: none), where later processes load them instead of parsing the file.
     """
 
     def __new__(
