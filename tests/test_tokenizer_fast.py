@@ -530,6 +530,7 @@ def test_variants_from_tables_saved_on_disk_equal_reference(variant_tok, tmp_pat
 
 
 def test_no_tables_are_saved_where_the_folder_is_empty(tmp_path):
+    """TOKSHUF_TOKENIZER_CACHE= (empty) saves nothing; unset, tables go under XDG_CACHE_HOME."""
     env = {
         **os.environ,
         "TOKSHUF_TOKENIZER_CACHE": "",

@@ -1,6 +1,6 @@
 //! A hash of the tokenizers' source (`src/tokenize`), which names the tables
 //! `tokenize::saved_tables` keeps on disk: a build whose tokenizer code differs in any way
-//! never reads tables an other one saved.
+//! never reads tables another one saved.
 //!
 //! The embedded tiktoken encodings: `data/NAME.tiktoken.gz` (tiktoken's own files, as
 //! published) turned into `OUT_DIR/NAME.tokens`, each rank's token as a length byte and its
