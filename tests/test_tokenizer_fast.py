@@ -500,6 +500,19 @@ print(json.dumps([t.encode_batch(json.load(sys.stdin)), [t.vocab_size, t.eot_id,
 """
 
 
+def load_in_fresh_process(path, texts, env):
+    """The ids of `texts` and the identity of the tokenizer `path` as a new process loads it."""
+    out = subprocess.run(
+        [sys.executable, "-c", SAVED_TABLES_SCRIPT, str(path)],
+        input=json.dumps(texts),
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout)
+
+
 def test_variants_from_tables_saved_on_disk_equal_reference(variant_tok, tmp_path):
     """One process saves the fast backend's tables of a tokenizer.json in
     TOKSHUF_TOKENIZER_CACHE, the next loads them instead of parsing the file (it leaves the
@@ -513,15 +526,7 @@ def test_variants_from_tables_saved_on_disk_equal_reference(variant_tok, tmp_pat
     env = {**os.environ, "TOKSHUF_TOKENIZER_CACHE": str(folder)}
     inodes = []
     for run in ("saving", "reading"):
-        out = subprocess.run(
-            [sys.executable, "-c", SAVED_TABLES_SCRIPT, path],
-            input=json.dumps(texts),
-            env=env,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        ids, got_identity = json.loads(out.stdout)
+        ids, got_identity = load_in_fresh_process(path, texts, env)
         assert_same(ids, expected, texts, f"{path} ({run} the tables)")
         assert got_identity == identity, run
         (saved,) = folder.iterdir()
@@ -537,25 +542,10 @@ def test_no_tables_are_saved_where_the_folder_is_empty(tmp_path):
         "XDG_CACHE_HOME": str(tmp_path / "xdg"),
         "HOME": str(tmp_path / "home"),
     }
-    out = subprocess.run(
-        [sys.executable, "-c", SAVED_TABLES_SCRIPT, str(tokref.NEOX_JSON)],
-        input="[]",
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert json.loads(out.stdout)[0] == []
+    assert load_in_fresh_process(tokref.NEOX_JSON, [], env)[0] == []
     assert not (tmp_path / "xdg").exists() and not (tmp_path / "home").exists()
     env.pop("TOKSHUF_TOKENIZER_CACHE")
-    subprocess.run(
-        [sys.executable, "-c", SAVED_TABLES_SCRIPT, str(tokref.NEOX_JSON)],
-        input="[]",
-        env=env,
-        text=True,
-        check=True,
-        capture_output=True,
-    )
+    load_in_fresh_process(tokref.NEOX_JSON, [], env)
     assert len(list((tmp_path / "xdg" / "tokshuf" / "tokenizers").iterdir())) == 1
 
 

@@ -30,13 +30,13 @@ fn base64_decode(s: &[u8]) -> Vec<u8> {
 fn source_hash(dir: &std::path::Path, hash: &mut u64) {
     let mut entries: Vec<PathBuf> = std::fs::read_dir(dir).expect("src/tokenize").map(|e| e.expect("src/tokenize").path()).collect();
     entries.sort();
+    let feed = |hash: &mut u64, bytes: &[u8]| bytes.iter().for_each(|&b| *hash = (*hash ^ b as u64).wrapping_mul(0x100_0000_01b3));
     for path in entries {
-        let bytes = if path.is_dir() { Vec::new() } else { std::fs::read(&path).expect("src/tokenize") };
-        for &b in path.to_string_lossy().as_bytes().iter().chain(&bytes) {
-            *hash = (*hash ^ b as u64).wrapping_mul(0x100_0000_01b3);
-        }
+        feed(hash, path.to_string_lossy().as_bytes());
         if path.is_dir() {
             source_hash(&path, hash);
+        } else {
+            feed(hash, &std::fs::read(&path).expect("src/tokenize"));
         }
     }
 }

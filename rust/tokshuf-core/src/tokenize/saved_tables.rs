@@ -51,7 +51,6 @@ struct Head {
     vocab_size: u32,
     merges: usize,
     tokens: usize,
-    token_bytes: usize,
 }
 
 /// The folder tables are saved in, if any (see the module's notes).
@@ -114,7 +113,6 @@ fn encode(sha256: &str, saved: &Saved) -> Option<Vec<u8>> {
         vocab_size: *vocab_size,
         merges: source.merges.len(),
         tokens: source.tokens.len(),
-        token_bytes: source.token_bytes.len(),
     };
     let mut out = serde_json::to_vec(&head).ok()?;
     out.push(b'\n');
@@ -142,14 +140,11 @@ fn decode(sha256: &str, bytes: &[u8]) -> Option<Saved> {
     if head.source != SOURCE || head.sha256 != sha256 {
         return None;
     }
-    let rest = &body[line + 1..];
+    // The u32s, then the tokens' bytes: all that is left.
     let n_words = head.merges.checked_mul(3)?.checked_add(256)?.checked_add(head.tokens.checked_mul(2)?)?;
-    if rest.len() != n_words.checked_mul(4)?.checked_add(head.token_bytes)? {
-        return None;
-    }
-    let (byte_words, rest) = rest.split_at(256 * 4);
-    let (merge_words, rest) = rest.split_at(head.merges * 12);
-    let (token_words, token_bytes) = rest.split_at(head.tokens * 8);
+    let (words, token_bytes) = body[line + 1..].split_at_checked(n_words.checked_mul(4)?)?;
+    let (byte_words, words) = words.split_at(256 * 4);
+    let (merge_words, token_words) = words.split_at(head.merges * 12);
     let mut byte_ids = [0u32; 256];
     byte_ids.iter_mut().zip(byte_words.chunks_exact(4)).for_each(|(id, w)| *id = word(w, 0));
     let merges: Vec<[u32; 3]> = merge_words.chunks_exact(12).map(|m| [word(m, 0), word(m, 4), word(m, 8)]).collect();
@@ -303,8 +298,10 @@ mod tests {
                 "a token ending past the bytes",
                 Box::new(|p| {
                     rewrite(p, |body| {
-                        let head: Head = serde_json::from_slice(&body[..memchr::memchr(b'\n', body).unwrap()]).unwrap();
-                        let at = body.len() - head.token_bytes - 8 * head.tokens + 8;
+                        let line = memchr::memchr(b'\n', body).unwrap();
+                        let head: Head = serde_json::from_slice(&body[..line]).unwrap();
+                        // The second token's end.
+                        let at = line + 1 + 4 * 256 + 12 * head.merges + 8;
                         body[at..at + 4].copy_from_slice(&u32::MAX.to_le_bytes());
                     })
                 }),
