@@ -19,11 +19,20 @@
 //! early only spent CPU time and disk time the shards wanted. The kernel still writes out
 //! whatever it must to free memory.
 //!
+//! A shard is also flushed to stable storage as it is written (`Flusher`), where fsync is
+//! what makes the disk write: a virtual disk that caches writes in its host acknowledges
+//! `sync_file_range` at once and writes the data only when the guest asks for a flush, so
+//! the shard's final fsync waited for all of it, however early it had been handed over. A thread of the writer's own flushes in the
+//! background (`fdatasync`) while the shard is still being written, so the final fsync waits
+//! for the last few windows only.
+//!
 //! On systems without `sync_file_range` (anything but Linux) this is a plain file writer.
 
 use std::borrow::Borrow;
 use std::fs::File;
 use std::io::Write;
+use std::sync::mpsc::{self, SyncSender};
+use std::thread::JoinHandle;
 
 /// Bytes handed to the disk at a time. With 8 MiB a shard of a few MB was not handed over
 /// before its fsync, which then waited for all of it; 1 MiB was slower than 2.
@@ -49,11 +58,13 @@ pub struct Streamed<F: Borrow<File>> {
     started: u64,
     settling: u64,
     settled: u64,
+    /// Started for a `Cache::Drop` file when its first window is full.
+    flusher: Option<Flusher>,
 }
 
 impl<F: Borrow<File>> Streamed<F> {
     pub fn new(file: F, cache: Cache) -> Self {
-        Streamed { file, cache, written: 0, started: 0, settling: 0, settled: 0 }
+        Streamed { file, cache, written: 0, started: 0, settling: 0, settled: 0, flusher: None }
     }
 
     pub fn file(&self) -> &File {
@@ -63,6 +74,9 @@ impl<F: Borrow<File>> Streamed<F> {
     /// Make every byte written durable (fsync), then, with `Cache::Drop`, let the kernel drop
     /// the file's pages.
     pub fn sync(&mut self) -> std::io::Result<()> {
+        if let Some(flusher) = self.flusher.take() {
+            flusher.finish()?;
+        }
         self.file().sync_all()?;
         self.settled = self.written;
         if self.cache == Cache::Drop {
@@ -76,7 +90,7 @@ impl<F: Borrow<File>> Streamed<F> {
             self.started = self.written;
             return Ok(());
         }
-        let file = self.file.borrow();
+        let (file, first_window) = (self.file.borrow(), self.started == 0);
         os::start_writeback(file, self.started, self.written - self.started)?;
         if self.cache == Cache::Drop && self.settling > self.settled {
             // The window before the previous one: wait until it is on disk, then its pages are
@@ -87,7 +101,51 @@ impl<F: Borrow<File>> Streamed<F> {
         }
         self.settling = self.started;
         self.started = self.written;
+        if self.cache == Cache::Drop && os::FLUSH_BEHIND {
+            if first_window {
+                // Without a thread, the final fsync does it all, as before.
+                self.flusher = Flusher::start(file).ok();
+            }
+            if let Some(f) = &self.flusher {
+                f.request();
+            }
+        }
         Ok(())
+    }
+}
+
+/// Flushes a file to stable storage on a thread of its own, as often as asked (a request made
+/// while another waits is covered by that one), and keeps the first error for `finish`: on
+/// Linux an error is reported to one fsync only, so the final fsync could not see it.
+struct Flusher {
+    requests: SyncSender<()>,
+    thread: JoinHandle<std::io::Result<()>>,
+}
+
+impl Flusher {
+    fn start(file: &File) -> std::io::Result<Flusher> {
+        let file = file.try_clone()?;
+        let (requests, todo) = mpsc::sync_channel::<()>(1);
+        let thread = std::thread::Builder::new().name("tokshuf-flush".into()).spawn(move || {
+            let mut result = Ok(());
+            for () in todo {
+                if result.is_ok() {
+                    result = file.sync_data();
+                }
+            }
+            result
+        })?;
+        Ok(Flusher { requests, thread })
+    }
+
+    fn request(&self) {
+        let _ = self.requests.try_send(());
+    }
+
+    /// Wait for the flushes asked for; the first error one met.
+    fn finish(self) -> std::io::Result<()> {
+        drop(self.requests);
+        self.thread.join().unwrap_or_else(|_| Err(std::io::Error::other("the thread flushing a shard stopped")))
     }
 }
 
@@ -109,6 +167,8 @@ impl<F: Borrow<File>> Write for Streamed<F> {
 mod os {
     use std::fs::File;
     use std::os::unix::io::AsRawFd;
+
+    pub const FLUSH_BEHIND: bool = true;
 
     fn check(r: libc::c_int) -> std::io::Result<()> {
         match r {
@@ -147,6 +207,8 @@ mod os {
 mod os {
     use std::fs::File;
 
+    pub const FLUSH_BEHIND: bool = false;
+
     pub fn start_writeback(_: &File, _: u64, _: u64) -> std::io::Result<()> {
         Ok(())
     }
@@ -177,5 +239,24 @@ mod tests {
             File::open(&path).unwrap().read_to_end(&mut back).unwrap();
             assert!(back == data, "{cache:?}: the file differs from what was written");
         }
+    }
+
+    /// A flush's error reaches `finish` (and so the shard's `sync`), however many flushes
+    /// were asked for: the final fsync would not see it again.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_flushers_errors_are_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = Flusher::start(&File::create(dir.path().join("f")).unwrap()).unwrap();
+        ok.request();
+        ok.finish().unwrap();
+        // fdatasync fails on /dev/null (EINVAL).
+        let null = File::options().write(true).open("/dev/null").unwrap();
+        assert!(null.sync_data().is_err());
+        let failing = Flusher::start(&null).unwrap();
+        for _ in 0..3 {
+            failing.request();
+        }
+        assert!(failing.finish().is_err());
     }
 }
