@@ -19,12 +19,12 @@
 //! early only spent CPU time and disk time the shards wanted. The kernel still writes out
 //! whatever it must to free memory.
 //!
-//! A shard is also flushed to stable storage as it is written (`Flusher`), where fsync is
-//! what makes the disk write: a virtual disk that caches writes in its host acknowledges
-//! `sync_file_range` at once and writes the data only when the guest asks for a flush, so
-//! the shard's final fsync waited for all of it, however early it had been handed over. A thread of the writer's own flushes in the
-//! background (`fdatasync`) while the shard is still being written, so the final fsync waits
-//! for the last few windows only.
+//! A shard is also flushed to stable storage while it is written (`Flusher`), for disks on
+//! which only a flush makes the data durable: a virtual disk that caches writes in its host
+//! acknowledges `sync_file_range` at once and writes the data when the guest next flushes,
+//! so the shard's final fsync waited for all of it, however early it had been handed over.
+//! A thread of the shard's own flushes it (`fdatasync`) as its windows fill, so the final
+//! fsync waits for the last few only.
 //!
 //! On systems without `sync_file_range` (anything but Linux) this is a plain file writer.
 
