@@ -71,8 +71,8 @@ impl<F: Borrow<File>> Streamed<F> {
         self.file.borrow()
     }
 
-    /// Make every byte written durable (fsync), then, with `Cache::Drop`, let the kernel drop
-    /// the file's pages.
+    /// Make every byte written durable (fsync, after the flushing thread's last flush, whose
+    /// errors it returns), then, with `Cache::Drop`, let the kernel drop the file's pages.
     pub fn sync(&mut self) -> std::io::Result<()> {
         if let Some(flusher) = self.flusher.take() {
             flusher.finish()?;
