@@ -106,27 +106,32 @@ impl Cache {
     /// `check_files`: check now that every shard exists (one directory listing). Each shard's
     /// size is checked when it is first mapped, whatever `check_files` says.
     pub fn open_with(root: &Path, check_files: bool) -> Result<Cache> {
-        let meta = read_meta(root, true)?;
-        let mpath = root.join(MANIFEST_NAME);
-        let text = std::fs::read(&mpath).map_err(|e| Error::corrupt(&mpath, format!("cannot read: {e}")))?;
-        let recipe = serde_json::to_string(&meta.raw["recipe"]).unwrap_or_default();
-        // The fingerprint hashes the whole manifest and the folder is listed, each on another
-        // thread, while the manifest is parsed.
-        let (chunks, fingerprint, listed) = std::thread::scope(|s| {
-            let hashing = s.spawn(|| {
-                let mut h = Sha256::new();
-                h.update(b"tokshuf-cache-v1\0");
-                h.update(&text);
-                h.update(b"\0");
-                h.update(recipe.as_bytes());
-                crate::format::hex(&h.finalize())
-            });
+        // Listing a large folder is the longest step of opening (the kernel's, per entry), so
+        // it starts first, on a thread of its own. The fingerprint hashes the whole manifest on
+        // another while the manifest is parsed.
+        let (opened, listed) = std::thread::scope(|s| {
             let listing = check_files.then(|| s.spawn(|| list_shards(root)));
-            let chunks = parse_manifest_all(&mpath, &text, meta.chunk_size);
-            (chunks, hashing.join(), listing.map(|l| l.join()))
+            let opened = read_meta(root, true).and_then(|meta| {
+                let mpath = root.join(MANIFEST_NAME);
+                let text = std::fs::read(&mpath).map_err(|e| Error::corrupt(&mpath, format!("cannot read: {e}")))?;
+                let recipe = serde_json::to_string(&meta.raw["recipe"]).unwrap_or_default();
+                let (chunks, fingerprint) = std::thread::scope(|s| {
+                    let hashing = s.spawn(|| {
+                        let mut h = Sha256::new();
+                        h.update(b"tokshuf-cache-v1\0");
+                        h.update(&text);
+                        h.update(b"\0");
+                        h.update(recipe.as_bytes());
+                        crate::format::hex(&h.finalize())
+                    });
+                    (parse_manifest_all(&mpath, &text, meta.chunk_size), hashing.join())
+                });
+                let fingerprint = fingerprint.map_err(|_| Error::Config("manifest hashing thread panicked".into()))?;
+                Ok((meta, mpath, chunks?, fingerprint))
+            });
+            (opened, listing.map(|l| l.join()))
         });
-        let chunks = chunks?;
-        let fingerprint = fingerprint.map_err(|_| Error::Config("manifest hashing thread panicked".into()))?;
+        let (meta, mpath, chunks, fingerprint) = opened?;
         let meta_path = root.join(META_NAME);
         if chunks.len() as u64 != meta.num_chunks {
             return Err(Error::corrupt(&mpath, format!("{} lines, tokshuf.json says num_chunks {}", chunks.len(), meta.num_chunks)));
