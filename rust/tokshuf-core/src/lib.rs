@@ -21,6 +21,7 @@
 //!   input is an error with file and line, never a panic.
 //! - `read` never imports `build`: both depend on `format` only.
 
+mod big_table;
 pub mod build;
 pub mod error;
 pub mod format;

@@ -27,6 +27,7 @@ use super::validate::{check_listed, list_shards};
 pub use super::validate::{
     check_shard, check_shards_of, parse_manifest, parse_manifest_all, read_meta, recipe_fingerprint, CacheMeta, ChunkEntry,
 };
+use crate::big_table::read_file;
 use crate::error::{Error, Result};
 use crate::format::{shard_path, Format, MANIFEST_NAME, META_NAME};
 
@@ -113,13 +114,13 @@ impl Cache {
             let listing = check_files.then(|| s.spawn(|| list_shards(root)));
             let opened = read_meta(root, true).and_then(|meta| {
                 let mpath = root.join(MANIFEST_NAME);
-                let text = std::fs::read(&mpath).map_err(|e| Error::corrupt(&mpath, format!("cannot read: {e}")))?;
+                let text = read_file(&mpath).map_err(|e| Error::corrupt(&mpath, format!("cannot read: {e}")))?;
                 let recipe = serde_json::to_string(&meta.raw["recipe"]).unwrap_or_default();
                 let (chunks, fingerprint) = std::thread::scope(|s| {
                     let hashing = s.spawn(|| {
                         let mut h = Sha256::new();
                         h.update(b"tokshuf-cache-v1\0");
-                        h.update(&text);
+                        h.update(&*text);
                         h.update(b"\0");
                         h.update(recipe.as_bytes());
                         crate::format::hex(&h.finalize())

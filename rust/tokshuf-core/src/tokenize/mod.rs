@@ -13,7 +13,6 @@
 //! exactly, the fast one; `Backend` chooses (`Auto`: fast where possible).
 
 mod added_tokens;
-mod big_table;
 pub mod bpe;
 mod encoder;
 pub mod fast;

@@ -6,7 +6,7 @@
 //! to a line, with linear probing at a load of at most 1/2: a lookup usually reads one
 //! line, and `prefetch` lets the two lookups that follow a merge wait on memory together.
 
-use crate::tokenize::big_table::BigTable;
+use crate::big_table::BigTable;
 use crate::tokenize::prefetch::prefetch;
 
 const EMPTY: u64 = u64::MAX;

@@ -19,7 +19,7 @@
 //! of the most recent pieces in front of this one, and looking every short piece up in the
 //! shared table of whole tokens before the memo (more lines read per piece).
 
-use crate::tokenize::big_table::BigTable;
+use crate::big_table::BigTable;
 use crate::tokenize::long_memo::LongMemo;
 use crate::tokenize::prefetch::prefetch;
 use crate::tokenize::token_table::{pack_words, TokenTable, MAX_LEN};

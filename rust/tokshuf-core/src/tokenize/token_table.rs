@@ -8,7 +8,7 @@
 //! many lookups wait on memory together. Tokens of up to 7 bytes have entries of 16 bytes
 //! in a table of their own, longer ones 32.
 
-use crate::tokenize::big_table::BigTable;
+use crate::big_table::BigTable;
 use crate::tokenize::prefetch::prefetch;
 
 /// The longest token the table holds.
