@@ -109,13 +109,13 @@ pub fn read_file(path: &Path) -> std::io::Result<FileBytes> {
 
 /// All of `f`, which said it holds `size` bytes.
 fn read_whole(mut f: impl Read, size: usize) -> std::io::Result<FileBytes> {
-    if size < HUGE {
-        let mut v = Vec::with_capacity(size);
+    // One byte more than the file's size: a file that grew since is then read on to its end.
+    let Some(room) = size.checked_add(1).filter(|_| size >= HUGE) else {
+        let mut v = Vec::with_capacity(size.min(HUGE));
         f.read_to_end(&mut v)?;
         return Ok(FileBytes::Plain(v));
-    }
-    // One byte more than the file's size: a file that grew since is then read on to its end.
-    let mut table = BigTable::new(size + 1, 0u8);
+    };
+    let mut table = BigTable::new(room, 0u8);
     let mut len = 0;
     while len < table.len() {
         match f.read(&mut table[len..]) {
