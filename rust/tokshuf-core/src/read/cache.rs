@@ -109,7 +109,8 @@ impl Cache {
     pub fn open_with(root: &Path, check_files: bool) -> Result<Cache> {
         // Listing a large folder is the longest step of opening (the kernel's, per entry), so
         // it starts first, on a thread of its own. The fingerprint hashes the whole manifest on
-        // another while the manifest is parsed.
+        // another while the manifest is parsed: one thread is enough for the parse, which
+        // takes less time than the hash of the same bytes.
         let (opened, listed) = std::thread::scope(|s| {
             let listing = check_files.then(|| s.spawn(|| list_shards(root)));
             let opened = read_meta(root, true).and_then(|meta| {
@@ -125,7 +126,7 @@ impl Cache {
                         h.update(recipe.as_bytes());
                         crate::format::hex(&h.finalize())
                     });
-                    (parse_manifest_all(&mpath, &text, meta.chunk_size), hashing.join())
+                    (parse_manifest(&mpath, &text, 0, meta.chunk_size), hashing.join())
                 });
                 let fingerprint = fingerprint.map_err(|_| Error::Config("manifest hashing thread panicked".into()))?;
                 Ok((meta, mpath, chunks?, fingerprint))
