@@ -23,11 +23,10 @@ use super::gather::copy_rows;
 pub use super::members::Id;
 use super::order::{cache_source, OrderOptions, Source};
 use super::per_process::PerProcess;
-use super::validate::{check_listed, list_shards};
+use super::validate::{check_listed, list_shards, read_manifest_text};
 pub use super::validate::{
     check_shard, check_shards_of, parse_manifest, parse_manifest_all, read_meta, recipe_fingerprint, CacheMeta, ChunkEntry,
 };
-use crate::big_table::read_file;
 use crate::error::{Error, Result};
 use crate::format::{shard_path, Format, MANIFEST_NAME, META_NAME};
 
@@ -108,32 +107,31 @@ impl Cache {
     /// size is checked when it is first mapped, whatever `check_files` says.
     pub fn open_with(root: &Path, check_files: bool) -> Result<Cache> {
         // Listing a large folder is the longest step of opening (the kernel's, per entry), so
-        // it starts first, on a thread of its own. The fingerprint hashes the whole manifest on
-        // another while the manifest is parsed: one thread is enough for the parse, which
-        // takes less time than the hash of the same bytes.
-        let (opened, listed) = std::thread::scope(|s| {
-            let listing = check_files.then(|| s.spawn(|| list_shards(root)));
-            let opened = read_meta(root, true).and_then(|meta| {
-                let mpath = root.join(MANIFEST_NAME);
-                let text = read_file(&mpath).map_err(|e| Error::corrupt(&mpath, format!("cannot read: {e}")))?;
-                let recipe = serde_json::to_string(&meta.raw["recipe"]).unwrap_or_default();
-                let (chunks, fingerprint) = std::thread::scope(|s| {
-                    let hashing = s.spawn(|| {
-                        let mut h = Sha256::new();
-                        h.update(b"tokshuf-cache-v1\0");
-                        h.update(&*text);
-                        h.update(b"\0");
-                        h.update(recipe.as_bytes());
-                        crate::format::hex(&h.finalize())
-                    });
-                    (parse_manifest(&mpath, &text, 0, meta.chunk_size), hashing.join())
-                });
-                let fingerprint = fingerprint.map_err(|_| Error::Config("manifest hashing thread panicked".into()))?;
-                Ok((meta, mpath, chunks?, fingerprint))
-            });
-            (opened, listing.map(|l| l.join()))
+        // it starts first, on a thread of its own; after an error before it is needed, it
+        // ends on its own. The fingerprint hashes the whole manifest on another thread while
+        // the manifest is parsed: one thread is enough for the parse, which takes less time
+        // than the hash of the same bytes.
+        let listing = check_files.then(|| {
+            let root = root.to_path_buf();
+            std::thread::spawn(move || list_shards(&root))
         });
-        let (meta, mpath, chunks, fingerprint) = opened?;
+        let meta = read_meta(root, true)?;
+        let mpath = root.join(MANIFEST_NAME);
+        let text = read_manifest_text(&mpath)?;
+        let recipe = serde_json::to_string(&meta.raw["recipe"]).unwrap_or_default();
+        let (chunks, fingerprint) = std::thread::scope(|s| {
+            let hashing = s.spawn(|| {
+                let mut h = Sha256::new();
+                h.update(b"tokshuf-cache-v1\0");
+                h.update(&*text);
+                h.update(b"\0");
+                h.update(recipe.as_bytes());
+                crate::format::hex(&h.finalize())
+            });
+            (parse_manifest(&mpath, &text, 0, meta.chunk_size), hashing.join())
+        });
+        let chunks = chunks?;
+        let fingerprint = fingerprint.map_err(|_| Error::Config("manifest hashing thread panicked".into()))?;
         let meta_path = root.join(META_NAME);
         if chunks.len() as u64 != meta.num_chunks {
             return Err(Error::corrupt(&mpath, format!("{} lines, tokshuf.json says num_chunks {}", chunks.len(), meta.num_chunks)));
@@ -155,8 +153,8 @@ impl Cache {
                 format!("line {}: only the last chunk of a shuffled cache may hold fewer than {} contexts", k + 1, meta.chunk_size),
             ));
         }
-        if let Some(listed) = listed {
-            let listed = listed.map_err(|_| Error::Config("folder listing thread panicked".into()))??;
+        if let Some(listing) = listing {
+            let listed = listing.join().map_err(|_| Error::Config("folder listing thread panicked".into()))??;
             check_listed(root, &chunks, listed)?;
         }
         Ok(Cache::from_parts(root, meta, chunks, Some(fingerprint), None))

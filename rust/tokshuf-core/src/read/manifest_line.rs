@@ -27,6 +27,10 @@ impl<'a> Scan<'a> {
             self.at += 1;
         }
     }
+    /// The bytes `lit` exactly, no whitespace before them.
+    fn lit(&mut self, lit: &[u8]) -> Option<()> {
+        self.s[self.at..].starts_with(lit).then(|| self.at += lit.len())
+    }
     fn eat(&mut self, b: u8) -> Option<()> {
         self.ws();
         (self.s.get(self.at) == Some(&b)).then(|| self.at += 1)
@@ -73,27 +77,24 @@ pub(super) fn fast_fields(line: &[u8]) -> Option<Fields<'_>> {
 /// A line exactly as a builder writes it (its keys in order, no spaces, a hex sha256), read by
 /// comparing it with that template: opening a cache of 100,000 chunks parses 16 MB of them.
 fn builder_line(line: &[u8]) -> Option<Fields<'_>> {
-    let rest = line.strip_prefix(br#"{"shard":""#)?;
-    let end = rest.iter().position(|b| !(b.is_ascii_alphanumeric() || *b == b'_'))?;
-    let (shard, rest) = rest.split_at(end);
-    let (num_sequences, rest) = digits(rest.strip_prefix(br#"","num_sequences":"#)?)?;
-    let (_, rest) = digits(rest.strip_prefix(br#","num_tokens":"#)?)?;
-    let (bytes, rest) = digits(rest.strip_prefix(br#","bytes":"#)?)?;
-    let (sha, rest) = rest.strip_prefix(br#","sha256":""#)?.split_at_checked(64)?;
+    let mut sc = Scan { s: line, at: 0 };
+    sc.lit(br#"{"shard":""#)?;
+    let start = sc.at;
+    sc.at += line[start..].iter().position(|b| !(b.is_ascii_alphanumeric() || *b == b'_'))?;
+    let shard = &line[start..sc.at];
+    sc.lit(br#"","num_sequences":"#)?;
+    let num_sequences = sc.int()?;
+    sc.lit(br#","num_tokens":"#)?;
+    sc.int()?;
+    sc.lit(br#","bytes":"#)?;
+    let bytes = sc.int()?;
+    sc.lit(br#","sha256":""#)?;
+    let sha = line.get(sc.at..sc.at + 64)?;
+    sc.at += 64;
+    sc.lit(br#""}"#)?;
     // Not `all`: without its early exit the check compiles to vector compares.
     let hex = sha.iter().fold(true, |ok, b| ok & b.is_ascii_hexdigit());
-    (rest == br#""}"# && hex).then_some(Fields { shard, num_sequences, bytes: Some(bytes) })
-}
-
-/// The JSON integer that `s` starts with, if it fits u64 and is spelt plainly (no sign, no
-/// leading zero); the caller checks what follows it.
-fn digits(s: &[u8]) -> Option<(u64, &[u8])> {
-    let len = s.iter().position(|b| !b.is_ascii_digit()).unwrap_or(s.len());
-    if len == 0 || (len > 1 && s[0] == b'0') {
-        return None;
-    }
-    let v = s[..len].iter().try_fold(0u64, |v, &d| v.checked_mul(10)?.checked_add((d - b'0') as u64))?;
-    Some((v, &s[len..]))
+    (sc.at == line.len() && hex).then_some(Fields { shard, num_sequences, bytes: Some(bytes) })
 }
 
 /// Any flat object of strings and integers, keys in any order.

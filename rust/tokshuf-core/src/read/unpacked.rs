@@ -25,7 +25,7 @@ use super::cache::{check_shards_of, parse_manifest_all, Cache, CacheMeta, Id};
 use super::members::copy_ids;
 use super::order::{cache_source, Loc, OrderOptions, Source};
 use super::reader::{batch_bytes, Assemble, Batch, OutDtype, MAX_EXAMPLE};
-use super::validate::read_meta_any;
+use super::validate::{read_manifest_text, read_meta_any};
 use crate::error::{Error, Result};
 use crate::format::{self, BinInfo, Dtype, Metadata, MANIFEST_NAME, META_NAME};
 
@@ -83,7 +83,7 @@ impl Unpacked {
         for (k, info) in infos.iter().enumerate() {
             let dir = format::bin_dir(root, k);
             let path = dir.join(MANIFEST_NAME);
-            let text = std::fs::read(&path).map_err(|e| Error::corrupt(&path, format!("cannot read: {e}")))?;
+            let text = read_manifest_text(&path)?;
             let chunks = parse_manifest_all(&path, &text, meta.chunk_size)?;
             let total: u64 = chunks.iter().map(|c| c.size).sum();
             if chunks.len() as u64 != info.num_chunks || total != info.num_examples {
@@ -101,7 +101,7 @@ impl Unpacked {
                 check_shards_of(&dir, &chunks)?;
             }
             h.update(format!("\0bin {k} {}\0", info.max_len).as_bytes());
-            h.update(&text);
+            h.update(&*text);
             let bin_meta = CacheMeta {
                 seqlen: info.max_len,
                 num_chunks: info.num_chunks,
@@ -115,7 +115,7 @@ impl Unpacked {
             own.update(b"tokshuf-unpacked-bin-v1\0");
             own.update(serde_json::to_string(&meta.raw["recipe"]).unwrap_or_default().as_bytes());
             own.update(format!("\0bin {k} {}\0", info.max_len).as_bytes());
-            own.update(&text);
+            own.update(&*text);
             bins.push(Arc::new(Cache::from_parts(&dir, bin_meta, chunks, Some(format::hex(&own.finalize())), None)));
         }
         Ok(Unpacked {

@@ -10,6 +10,7 @@ use sha2::{Digest, Sha256};
 
 use super::chunk::Layout;
 use super::manifest_line::fast_fields;
+use crate::big_table::{read_file, FileBytes};
 use crate::error::{Error, Result};
 use crate::format::{self, shard_path, Dtype, Format, ManifestLine, Metadata, Status, MAX_BLOCK_SIZE, MAX_SEQLEN, META_NAME};
 
@@ -193,6 +194,12 @@ pub fn parse_manifest(path: &Path, text: &[u8], first: u64, chunk_size: u64) -> 
         out.push(ChunkEntry { size: num_sequences, bytes });
     }
     Ok(out)
+}
+
+/// The bytes of a manifest, read whole (on huge pages when it is large: 16 MB for 100,000
+/// chunks).
+pub(super) fn read_manifest_text(path: &Path) -> Result<FileBytes> {
+    read_file(path).map_err(|e| Error::corrupt(path, format!("cannot read: {e}")))
 }
 
 /// `parse_manifest` of a whole manifest, in parts on a few threads when it is large.
