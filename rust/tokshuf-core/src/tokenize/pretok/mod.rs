@@ -84,14 +84,14 @@ impl Pattern {
 pub struct PreTokenizer {
     pattern: Pattern,
     classes: Arc<CharClasses>,
-    /// GPT-2's plain ASCII is split 64 bytes at a time (`blocks.rs`).
+    /// Plain ASCII is split 64 bytes at a time (`blocks.rs`), for GPT-2, cl100k and Llama 3.
     blocks: bool,
 }
 
 impl PreTokenizer {
     pub fn new(pattern: Pattern) -> Result<Self> {
         let classes = CharClasses::shared()?;
-        let blocks = pattern == Pattern::Gpt2 && blocks::agrees_with(&classes);
+        let blocks = pattern != Pattern::O200k && blocks::agrees_with(&classes);
         Ok(PreTokenizer { pattern, classes, blocks })
     }
 
@@ -109,9 +109,13 @@ impl PreTokenizer {
         let sc = Scanner { b: text.as_bytes(), t: &self.classes };
         // One loop per pattern, so that the scanner is inlined into it.
         match self.pattern {
-            Pattern::Gpt2 if self.blocks => drive_gpt2_blocks(&sc, emit),
+            Pattern::Gpt2 if self.blocks => drive_blocks(&sc, emit, blocks::gpt2_starts, |sc, i| sc.gpt2(i)),
             Pattern::Gpt2 => drive(&sc, emit, |sc, i| sc.gpt2(i)),
+            Pattern::Cl100k if self.blocks => drive_blocks(&sc, emit, |w| blocks::cl100k_starts(w, 3), |sc, i| sc.cl100k(i)),
             Pattern::Cl100k => drive(&sc, emit, |sc, i| sc.cl100k(i)),
+            Pattern::Llama3 { digits } if self.blocks => {
+                drive_blocks(&sc, emit, |w| blocks::cl100k_starts(w, digits.into()), |sc, i| sc.llama3(i, digits as usize))
+            }
             Pattern::Llama3 { digits } => drive(&sc, emit, |sc, i| sc.llama3(i, digits as usize)),
             Pattern::O200k => drive(&sc, emit, |sc, i| sc.o200k(i)),
         }
@@ -138,16 +142,21 @@ fn drive(
     Ok(())
 }
 
-/// `drive` for GPT-2, taking plain ASCII 64 bytes at a time where it can.
+/// `drive`, taking plain ASCII 64 bytes at a time where `starts` can (`blocks.rs`).
 #[inline(always)]
-fn drive_gpt2_blocks(sc: &Scanner, mut emit: impl FnMut(usize, usize)) -> std::result::Result<(), usize> {
+fn drive_blocks(
+    sc: &Scanner,
+    mut emit: impl FnMut(usize, usize),
+    starts: impl Fn(&[u8; blocks::WINDOW]) -> std::result::Result<u64, usize>,
+    next: impl Fn(&Scanner, usize) -> Option<usize>,
+) -> std::result::Result<(), usize> {
     let n = sc.b.len();
     let mut i = 0;
     // Blocks are not tried again before this: past the last byte a block left to the scanner.
     let mut scan_until = 0;
     while i < n {
         if i >= scan_until {
-            match sc.b.get(i..i + blocks::WINDOW).map(|w| blocks::gpt2_starts(w.try_into().expect("a window"))) {
+            match sc.b.get(i..i + blocks::WINDOW).map(|w| starts(w.try_into().expect("a window"))) {
                 Some(Ok(mut starts)) => {
                     let mut s = i;
                     while starts != 0 {
@@ -163,7 +172,7 @@ fn drive_gpt2_blocks(sc: &Scanner, mut emit: impl FnMut(usize, usize)) -> std::r
                 None => scan_until = n,
             }
         }
-        match sc.gpt2(i) {
+        match next(sc, i) {
             Some(e) if e > i => {
                 emit(i, e);
                 i = e;
@@ -217,33 +226,42 @@ mod tests {
         }
     }
 
-    /// GPT-2 split 64 bytes at a time equals the scanner alone, and fancy-regex, on texts long
-    /// enough for many windows: runs of every ASCII class, now and then a `'` or a non-ASCII
-    /// character, every length up to 300 bytes (so every distance from a window to the end).
+    /// Plain ASCII split 64 bytes at a time equals the scanner alone, and fancy-regex, on texts
+    /// long enough for many windows: runs of every ASCII class, now and then a `'` or a
+    /// non-ASCII character, every length up to 300 bytes (so every distance from a window to
+    /// the end of the text).
     #[test]
-    fn gpt2_blocks_equal_the_scanner() {
-        let p = PreTokenizer::new(Pattern::Gpt2).unwrap();
-        assert!(p.blocks);
-        let scanner = PreTokenizer { blocks: false, ..p.clone() };
-        let re = fancy_regex::Regex::new(GPT2_TIKTOKEN).unwrap();
+    fn blocks_equal_the_scanner() {
         let common: Vec<char> = "  \t\n\r\x0b\x0c\x1c\x00\x7fabcXYZqQ0189.,-(\"_!/#".chars().collect();
         let rare: Vec<char> = "'\u{a0}\u{85}\u{3000}é中😀".chars().collect();
-        let mut seed = 11u64;
-        let mut draw = |n: u64| {
-            seed = crate::hash::mix64(seed.wrapping_add(1));
-            (seed % n) as usize
-        };
-        for case in 0..6000 {
-            let mut text = String::new();
-            while text.len() < case % 301 {
-                let c = if draw(60) == 0 { rare[draw(rare.len() as u64)] } else { common[draw(common.len() as u64)] };
-                text.extend(std::iter::repeat_n(c, 1 + draw(5) * draw(3)));
-            }
-            let want = pieces(&scanner, &text);
-            assert_eq!(pieces(&p, &text), want, "{text:?}");
-            if case % 4 == 0 {
-                let regex: Vec<String> = re.find_iter(&text).map(|m| m.unwrap().as_str().to_string()).collect();
-                assert_eq!(want, regex, "{text:?}");
+        let cases = [
+            (Pattern::Gpt2, GPT2_TIKTOKEN),
+            (Pattern::Cl100k, CL100K),
+            (Pattern::Llama3 { digits: 3 }, LLAMA3),
+            (Pattern::Llama3 { digits: 1 }, QWEN2),
+        ];
+        for (pattern, regex) in cases {
+            let p = PreTokenizer::new(pattern).unwrap();
+            assert!(p.blocks);
+            let scanner = PreTokenizer { blocks: false, ..p.clone() };
+            let re = fancy_regex::Regex::new(regex).unwrap();
+            let mut seed = 11u64;
+            let mut draw = |n: u64| {
+                seed = crate::hash::mix64(seed.wrapping_add(1));
+                (seed % n) as usize
+            };
+            for case in 0..6000 {
+                let mut text = String::new();
+                while text.len() < case % 301 {
+                    let c = if draw(60) == 0 { rare[draw(rare.len() as u64)] } else { common[draw(common.len() as u64)] };
+                    text.extend(std::iter::repeat_n(c, 1 + draw(5) * draw(3)));
+                }
+                let want = pieces(&scanner, &text);
+                assert_eq!(pieces(&p, &text), want, "{pattern:?} on {text:?}");
+                if case % 4 == 0 {
+                    let regex: Vec<String> = re.find_iter(&text).map(|m| m.unwrap().as_str().to_string()).collect();
+                    assert_eq!(want, regex, "{pattern:?} on {text:?}");
+                }
             }
         }
     }
