@@ -14,6 +14,11 @@
 //!   the comments next to each branch name the alternative it implements. Patterns are
 //!   recognised by their exact text; anything else is not handled here.
 //!
+//! Over plain ASCII (no `'`, no byte of 0x80 or more) every pattern here splits by rules that
+//! look only at the bytes around a piece's start, so there `blocks.rs` finds where the pieces of
+//! 64 bytes start with bit operations, and the scanners take the rest; tests hold the two to the
+//! same pieces.
+//!
 //! A scanner returns `None` where a position matches no alternative (cannot happen for the
 //! patterns below, whose alternatives cover every character, but the caller then falls
 //! back to the reference rather than guess).
@@ -84,14 +89,15 @@ impl Pattern {
 pub struct PreTokenizer {
     pattern: Pattern,
     classes: Arc<CharClasses>,
-    /// Plain ASCII is split 64 bytes at a time (`blocks.rs`), for GPT-2, cl100k and Llama 3.
+    /// Plain ASCII is split 64 bytes at a time (`blocks.rs`).
     blocks: bool,
 }
 
 impl PreTokenizer {
     pub fn new(pattern: Pattern) -> Result<Self> {
         let classes = CharClasses::shared()?;
-        let blocks = pattern != Pattern::O200k && blocks::agrees_with(&classes);
+        // The digit rule of `blocks` is tested for groups of 1 and 3, what Llama 3 and Qwen 2 use.
+        let blocks = !matches!(pattern, Pattern::Llama3 { digits } if digits != 1 && digits != 3) && blocks::agrees_with(&classes);
         Ok(PreTokenizer { pattern, classes, blocks })
     }
 
@@ -117,6 +123,7 @@ impl PreTokenizer {
                 drive_blocks(&sc, emit, |w| blocks::cl100k_starts(w, digits.into()), |sc, i| sc.llama3(i, digits as usize))
             }
             Pattern::Llama3 { digits } => drive(&sc, emit, |sc, i| sc.llama3(i, digits as usize)),
+            Pattern::O200k if self.blocks => drive_blocks(&sc, emit, blocks::o200k_starts, |sc, i| sc.o200k(i)),
             Pattern::O200k => drive(&sc, emit, |sc, i| sc.o200k(i)),
         }
     }
@@ -239,6 +246,7 @@ mod tests {
             (Pattern::Cl100k, CL100K),
             (Pattern::Llama3 { digits: 3 }, LLAMA3),
             (Pattern::Llama3 { digits: 1 }, QWEN2),
+            (Pattern::O200k, O200K),
         ];
         for (pattern, regex) in cases {
             let p = PreTokenizer::new(pattern).unwrap();
