@@ -135,18 +135,28 @@ fn drive(
     mut emit: impl FnMut(usize, usize),
     next: impl Fn(&Scanner, usize) -> Option<usize>,
 ) -> std::result::Result<(), usize> {
-    let n = sc.b.len();
     let mut i = 0;
-    while i < n {
-        match next(sc, i) {
-            Some(e) if e > i => {
-                emit(i, e);
-                i = e;
-            }
-            _ => return Err(i),
-        }
+    while i < sc.b.len() {
+        i = scan_one(sc, &mut emit, &next, i)?;
     }
     Ok(())
+}
+
+/// The scanner's piece at `i`, emitted; where it ends, or `Err(i)` when nothing matches there.
+#[inline(always)]
+fn scan_one(
+    sc: &Scanner,
+    emit: &mut impl FnMut(usize, usize),
+    next: &impl Fn(&Scanner, usize) -> Option<usize>,
+    i: usize,
+) -> std::result::Result<usize, usize> {
+    match next(sc, i) {
+        Some(e) if e > i => {
+            emit(i, e);
+            Ok(e)
+        }
+        _ => Err(i),
+    }
 }
 
 /// `drive`, taking plain ASCII 64 bytes at a time where `starts` can (`blocks.rs`).
@@ -179,13 +189,7 @@ fn drive_blocks(
                 None => scan_until = n,
             }
         }
-        match next(sc, i) {
-            Some(e) if e > i => {
-                emit(i, e);
-                i = e;
-            }
-            _ => return Err(i),
-        }
+        i = scan_one(sc, &mut emit, &next, i)?;
     }
     Ok(())
 }
