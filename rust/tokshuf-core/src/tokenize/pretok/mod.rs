@@ -205,20 +205,22 @@ mod tests {
         v
     }
 
+    /// Each pattern with the regex its scanner implements.
+    const PATTERNS: [(Pattern, &str); 5] = [
+        (Pattern::Gpt2, GPT2_TIKTOKEN),
+        (Pattern::Cl100k, CL100K),
+        (Pattern::Llama3 { digits: 3 }, LLAMA3),
+        (Pattern::Llama3 { digits: 1 }, QWEN2),
+        (Pattern::O200k, O200K),
+    ];
+
     /// The scanners against the regexes they implement, run by fancy-regex, on strings
     /// over an alphabet that hits every class boundary.
     #[test]
     fn scanners_match_fancy_regex() {
         let alphabet: Vec<char> = " \t\n\r\u{a0}\u{3000}aZé'sStTlLvVrReEmMdDſ1٣Ⅻ.!/-_\u{301}\u{903}ǅʰ中😀\u{180e}\u{1c}".chars().collect();
-        let cases = [
-            (Pattern::Gpt2, GPT2_TIKTOKEN),
-            (Pattern::Cl100k, CL100K),
-            (Pattern::Llama3 { digits: 3 }, LLAMA3),
-            (Pattern::Llama3 { digits: 1 }, QWEN2),
-            (Pattern::O200k, O200K),
-        ];
         let ascii: Vec<char> = " \t\n\r\x0b\x1caZzA'sSlLdDtTvVeErRmM09./-_(\"".chars().collect();
-        for (pattern, pat) in cases {
+        for (pattern, pat) in PATTERNS {
             let p = PreTokenizer::new(pattern).unwrap();
             let re = fancy_regex::Regex::new(pat).unwrap();
             let mut seed = 7u64;
@@ -245,14 +247,7 @@ mod tests {
     fn blocks_equal_the_scanner() {
         let common: Vec<char> = "  \t\n\r\x0b\x0c\x1c\x00\x7fabcXYZqQ0189.,-(\"_!/#".chars().collect();
         let rare: Vec<char> = "'\u{a0}\u{85}\u{3000}é中😀".chars().collect();
-        let cases = [
-            (Pattern::Gpt2, GPT2_TIKTOKEN),
-            (Pattern::Cl100k, CL100K),
-            (Pattern::Llama3 { digits: 3 }, LLAMA3),
-            (Pattern::Llama3 { digits: 1 }, QWEN2),
-            (Pattern::O200k, O200K),
-        ];
-        for (pattern, regex) in cases {
+        for (pattern, regex) in PATTERNS {
             let p = PreTokenizer::new(pattern).unwrap();
             assert!(p.blocks);
             let scanner = PreTokenizer { blocks: false, ..p.clone() };
