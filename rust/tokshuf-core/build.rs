@@ -5,7 +5,7 @@
 //! The embedded tiktoken encodings: `data/NAME.tiktoken.gz` (tiktoken's own files, as
 //! published) turned into `OUT_DIR/NAME.tokens`, each rank's token as a length byte and its
 //! bytes, a zero length for a rank without a token. Loading an encoding then neither inflates
-//! nor decodes base64, which was two thirds of its time (docs/fast-tokenizer.md, round
+//! nor decodes base64, which was two thirds of its time (docs/performance.md, round
 //! twelve). `tokenize::tiktoken`'s tests rebuild the published text from these bytes and
 //! check its sha256.
 

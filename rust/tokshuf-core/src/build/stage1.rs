@@ -196,7 +196,7 @@ pub fn run(
         return Ok(());
     }
     // Enough batches that the workers run on while this thread waits on a finished file's
-    // fsync, where spills are synced (docs/fast-tokenizer.md, round six, has the measurements).
+    // fsync, where spills are synced (docs/performance.md, round six, has the measurements).
     let in_flight = (pool.current_num_threads() * 8).max(8);
     // Bounds the bytes in flight: a batch takes a slot per `batch_bytes` it holds (a batch of
     // one long line, up to `max_line`, takes them all), so that many long lines are not

@@ -7,8 +7,8 @@
 //! copies the first, so it asks for the lines of the rows `PREFETCH_AHEAD` bytes ahead while
 //! it copies the current one. The prefetches go to L2 (`T1`): prefetching into L1 takes the
 //! few L1 miss buffers the copy itself needs, and gains nothing. A large batch is written with
-//! streaming stores (`stream.rs`). benches/read_bench.py and docs/reading.md "Measured" give
-//! the measurements.
+//! streaming stores (`stream.rs`). benches/read_bench.py and docs/performance.md (reading, round
+//! by round) give the measurements.
 
 use std::mem::MaybeUninit;
 
@@ -23,7 +23,7 @@ const PREFETCH_AHEAD: usize = 16 << 10;
 /// Batches of at least this many bytes are written with streaming stores (`stream.rs`): the
 /// few a read-ahead keeps in flight no longer stay in the last-level cache, so plain stores
 /// would read each line from memory before writing it. Smaller ones are often still in cache
-/// when read, and plain stores were as fast or faster there (docs/reading.md "Measured").
+/// when read, and plain stores were as fast or faster there (docs/performance.md, reading).
 const STREAM_MIN: usize = 4 << 20;
 
 /// Ask for the cache lines of `bytes` (a hint: no effect on what is read).

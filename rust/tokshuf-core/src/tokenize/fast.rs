@@ -2,8 +2,8 @@
 //! libraries, for the tiktoken encodings and the tokenizer.json files of the GPT-2 /
 //! GPT-NeoX / Llama-3 family.
 //!
-//! Why tokshuf has its own backend rather than a crate from crates.io, and its measured
-//! speed, are in docs/fast-tokenizer.md.
+//! Why tokshuf has its own backend rather than a crate from crates.io is in
+//! docs/fast-tokenizer.md; its measured speed, round by round, in docs/performance.md.
 //!
 //! HOW IT IS FAST
 //! - Pre-tokenization by hand-written scanners (`pretok`), one per pattern family, with

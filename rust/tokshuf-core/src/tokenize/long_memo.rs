@@ -3,7 +3,7 @@
 //! offsets, so remembering a piece allocates nothing once the arenas have grown, and
 //! emptying the map when its budget is spent frees nothing: with a box for each key and
 //! each id list, `malloc`, `free` and the map's regrowth showed in a build's profile
-//! (docs/fast-tokenizer.md, round six).
+//! (docs/performance.md, round six).
 
 use std::hash::BuildHasher;
 

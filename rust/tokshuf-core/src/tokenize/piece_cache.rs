@@ -14,7 +14,7 @@
 //! found 64 pieces, with many lines in flight (requesting only the next piece's set was too
 //! late to help and cost 12 % more CPU time). Looking the 64 up in one tight loop after the
 //! scan was 2-7 % faster on the subset than a ring that looked each piece up 16 pieces after finding it
-//! (docs/fast-tokenizer.md, round twenty). The table sits on huge pages where the kernel allows
+//! (docs/performance.md, round twenty). The table sits on huge pages where the kernel allows
 //! (`big_table.rs`). Tried and dropped, as no faster on the 100 MB subset: a 128 KiB table
 //! of the most recent pieces in front of this one, and looking every short piece up in the
 //! shared table of whole tokens before the memo (more lines read per piece).
